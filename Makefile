@@ -1,0 +1,59 @@
+# loadfuzz: set-up, build, test, demo, bench.
+# Every target is idempotent: a second `make` does nothing that is already done.
+
+PYTHON      ?= python3.11
+VENV        := .venv
+PY          := $(VENV)/bin/python
+PIP         := $(PY) -m pip --disable-pip-version-check -q
+SITE        = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+ET          = $(SITE)/executorch
+BUILD       := build
+CC          ?= gcc
+CFLAGS_HARNESS := -std=c11 -Wall -Wextra -Werror -O2 -D_GNU_SOURCE
+
+.PHONY: all setup harness fixtures test demo bench lint clean chromium
+all: setup harness fixtures
+
+# --- the environment ---------------------------------------------------------
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# torch first and pinned, so that nothing can make pip resolve another (CUDA) torch;
+# executorch without its Python dependencies: only its shared libraries matter here.
+$(VENV)/.deps: pyproject.toml | $(PY)
+	$(PIP) install torch==2.13.0
+	$(PIP) install --no-deps executorch==1.5.1
+	$(PIP) install -e '.[dev]'
+	touch $@
+
+setup: $(VENV)/.deps
+
+# --- the C harness -------------------------------------------------------------
+harness: $(BUILD)/harness
+$(BUILD)/harness: harness_c/harness.c
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_HARNESS) -o $@ $< -ldl
+
+# --- fixture libraries for the tests ------------------------------------------
+include tests/fixtures/fixtures.mk
+
+# --- headless Chromium, for looking at the HTML report -------------------------
+chromium: /usr/bin/chromium
+/usr/bin/chromium:
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
+
+# --- what users run -----------------------------------------------------------
+test: all chromium
+	$(VENV)/bin/pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check loadfuzz tests
+
+demo: all $(LEGACY_PLUGIN)
+	$(VENV)/bin/loadfuzz matrix executorch --add $(LEGACY_PLUGIN) --expect results/expectations/executorch.toml
+
+bench: all
+	$(PY) -m loadfuzz.bench
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,238 @@
+"""Execute: run a trial's steps in the C harness, in a process of its own, and collect the evidence.
+
+A `Harness` is one harness process, a fork server (see harness_c/harness.c
+for the protocol): every trial is a child forked from it, so a trial is
+isolated whatever it does, and what the server preloaded (libpython, the
+libtorch closure) is paid for once. A cold trial is a fresh harness with
+nothing preloaded, used for one trial and closed.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from loadfuzz import hostenv
+from loadfuzz.model import Evidence, Flags, StepKind, UsageError
+
+REPO = Path(__file__).resolve().parent.parent
+HARNESS_SOURCE = REPO / "harness_c" / "harness.c"
+MODES = {(StepKind.DLOPEN, Flags.GLOBAL): "g", (StepKind.DLOPEN, Flags.LOCAL): "l"}
+STARTUP_TIMEOUT_S = 120.0  # preloading libtorch on a cold disk can take a while
+MARGIN_S = 30.0  # on top of the step limits, before the server itself is presumed stuck
+
+
+@dataclass(frozen=True)
+class Limits:
+    timeout_s: float = 10.0  # per step
+    mem_mb: int = 16384  # RLIMIT_AS of a trial; libtorch alone maps several GB
+    at_exit: bool = False  # end with exit() (destructors run) instead of _exit() after the last step
+
+
+@dataclass(frozen=True)
+class HarnessStep:
+    """One action as the harness takes it: a mode letter and a path."""
+
+    mode: str  # g, l or p
+    path: Path
+
+    @classmethod
+    def of(cls, kind: StepKind, flags: Flags, path: Path) -> HarnessStep:
+        return cls("p" if kind is StepKind.IMPORT else MODES[(kind, flags)], path)
+
+
+def harness_binary() -> Path:
+    """The built harness (`make harness`); built into a cache on first use if absent."""
+    built = REPO / "build" / "harness"
+    if built.exists() and built.stat().st_mtime >= HARNESS_SOURCE.stat().st_mtime:
+        return built
+    cached = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "loadfuzz" / "harness"
+    if cached.exists() and cached.stat().st_mtime >= HARNESS_SOURCE.stat().st_mtime:
+        return cached
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    command = ["gcc", "-std=c11", "-O2", "-D_GNU_SOURCE", "-o", str(cached), str(HARNESS_SOURCE)]
+    if subprocess.run([*command, "-ldl"], capture_output=True).returncode != 0:
+        raise UsageError("the harness is not built and cannot be compiled: run `make`")
+    return cached
+
+
+def trial_environment(scratch: Path) -> dict[str, str]:
+    """A loader-clean environment: nothing inherited but what loadfuzz sets on purpose."""
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(scratch),
+        "TMPDIR": str(scratch),
+        "LANG": "C.UTF-8",
+        "PYTHONHOME": sys.base_prefix,
+        "PYTHONPATH": os.pathsep.join(hostenv.python_paths()),
+        "PYTHONNOUSERSITE": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    torch_lib = hostenv.torch_lib_dir()
+    if torch_lib is not None:  # so that libraries outside site-packages find libtorch too
+        env["LD_LIBRARY_PATH"] = str(torch_lib)
+    return env
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and every descendant (the harness is their subreaper, so all are below)."""
+    try:
+        root = psutil.Process(pid)
+        family = [*root.children(recursive=True), root]
+    except psutil.NoSuchProcess:
+        return
+    for proc in family:
+        try:
+            proc.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(family, timeout=5)
+
+
+class HarnessDied(RuntimeError):
+    """The harness process itself stopped answering (not a trial's doing)."""
+
+
+class Harness:
+    """One harness process serving trials one at a time. Use as a context manager."""
+
+    def __init__(self, preload: Sequence[HarnessStep] = ()):
+        self.preload = tuple(preload)
+        self.scratch = Path(tempfile.mkdtemp(prefix="loadfuzz-"))
+        self._count = 0
+        ctl_r, ctl_w = os.pipe()
+        st_r, st_w = os.pipe()
+        args = [str(harness_binary()), "--ctl", str(ctl_r), "--status", str(st_w)]
+        args += ["--parent", str(os.getpid())]
+        for step in self.preload:
+            args += ["--preload-global" if step.mode == "g" else "--preload", str(step.path)]
+        self.proc = subprocess.Popen(
+            args,
+            pass_fds=(ctl_r, st_w),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=self.scratch,
+            env=trial_environment(self.scratch),
+            start_new_session=True,
+        )
+        os.close(ctl_r)
+        os.close(st_w)
+        self._ctl, self._status = ctl_w, st_r
+        self._buffer = b""
+        header = self._read_line(time.monotonic() + STARTUP_TIMEOUT_S)
+        if header.startswith(b"PRELOAD-ERROR"):
+            error = self._read_exact(int(header.split()[1]), time.monotonic() + 5)
+            self.close()
+            raise HarnessDied(f"preloading failed: {error.decode('utf-8', 'replace')}")
+        if not header.startswith(b"READY"):
+            self.close()
+            raise HarnessDied(f"unexpected greeting from the harness: {header!r}")
+
+    def __enter__(self) -> Harness:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the protocol ----------------------------------------------------------
+    def _fill(self, deadline: float) -> None:
+        left = deadline - time.monotonic()
+        ready, _, _ = select.select([self._status], [], [], max(left, 0))
+        chunk = os.read(self._status, 1 << 20) if ready else b""
+        if not chunk:
+            raise HarnessDied("the harness did not answer" if not ready else "the harness died")
+        self._buffer += chunk
+
+    def _read_line(self, deadline: float) -> bytes:
+        while b"\n" not in self._buffer:
+            self._fill(deadline)
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line
+
+    def _read_exact(self, size: int, deadline: float) -> bytes:
+        while len(self._buffer) < size:
+            self._fill(deadline)
+        data, self._buffer = self._buffer[:size], self._buffer[size:]
+        return data
+
+    def run(self, steps: Sequence[HarnessStep], limits: Limits, prelude: int = 0) -> Evidence:
+        """Run one trial. The first `prelude` steps are prerequisites, not counted as steps."""
+        self._count += 1
+        workdir = self.scratch / f"trial-{self._count}"
+        workdir.mkdir()
+        header = b"TRIAL %d %d %d %d %d\n" % (limits.timeout_s * 1000, limits.mem_mb,
+                                              limits.at_exit, len(steps), len(bytes(workdir)))
+        message = [header, bytes(workdir)]
+        for step in steps:
+            raw = os.fsencode(step.path)
+            message += [b"%s %d\n" % (step.mode.encode(), len(raw)), raw]
+        try:
+            os.write(self._ctl, b"".join(message))
+            deadline = time.monotonic() + len(steps) * limits.timeout_s + MARGIN_S
+            fields = self._read_line(deadline).split()
+            if not fields or fields[0] != b"RESULT":
+                raise HarnessDied(f"unexpected answer from the harness: {fields!r}")
+            (status, timed_out, started, done, maxrss_kb, elapsed_us, total, head_len,
+             tail_len, err_len, leftovers) = (int(f) for f in fields[1:])
+            head = self._read_exact(head_len, deadline)
+            tail = self._read_exact(tail_len, deadline)
+            error = self._read_exact(err_len, deadline).decode("utf-8", "replace")
+        except (OSError, HarnessDied):
+            self.close()
+            raise
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        omitted = total - head_len - tail_len
+        gap = b"\n[... %d bytes not kept ...]\n" % omitted if omitted > 0 else b""
+        return Evidence(
+            steps=len(steps) - prelude,
+            started=max(started - prelude, 0),
+            done=max(done - prelude, 0),
+            exit_code=os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+            signal=os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+            timed_out=bool(timed_out),
+            error=error if started > done else "",
+            output=head + gap + tail,
+            output_bytes=total,
+            duration_s=elapsed_us / 1e6,
+            peak_rss_mb=maxrss_kb / 1024,
+            leftovers=leftovers,
+        )
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        """Stop the server: EOF on its control pipe, then SIGKILL for anything left."""
+        for fd in (self._ctl, self._status):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._ctl = self._status = -1
+        try:
+            self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            pass
+        kill_tree(self.proc.pid)
+        self.proc.wait()
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def run_cold(steps: Sequence[HarnessStep], limits: Limits, prelude: int = 0) -> Evidence:
+    """One trial in a fresh harness process with nothing preloaded."""
+    with Harness() as harness:
+        return harness.run(steps, limits, prelude)

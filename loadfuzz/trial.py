@@ -1,0 +1,159 @@
+"""Trial: one sequence end to end: execute it, classify it, and make its record.
+
+`Trials` is what every command uses to run sequences. By default each trial
+is forked from a fork server that has preloaded what is not under test; every
+finding is then confirmed in a cold, fresh process before it is believed, and
+a disagreement between the two is kept, never hidden. With `cold=True` every
+trial is a fresh process.
+"""
+
+from __future__ import annotations
+
+import queue
+import shlex
+import sys
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from loadfuzz import hostenv
+from loadfuzz.classify import Signature, classify, load_catalogue
+from loadfuzz.execute import Harness, HarnessDied, HarnessStep, Limits, run_cold
+from loadfuzz.model import Flags, Sequence, StepKind, TrialRecord, Verdict
+
+
+def loadfuzz_command() -> list[str]:
+    """How to call loadfuzz again from a shell: the console script beside this interpreter."""
+    script = Path(sys.executable).parent / "loadfuzz"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "loadfuzz"]
+
+
+def repro_command(seq: Sequence, limits: Limits) -> str:
+    """One shell command that reruns exactly this trial, cold."""
+    words = [*loadfuzz_command(), "run", "--cold", "--timeout", f"{limits.timeout_s:g}"]
+    words += [step.spelling() for step in seq]
+    return " ".join(shlex.quote(word) for word in words)
+
+
+def harness_steps(seq: Sequence, needs_python: bool) -> tuple[list[HarnessStep], int]:
+    """The harness's steps for a sequence, and how many of them are prerequisites.
+
+    A sequence that imports a module or holds a library with undefined Python
+    symbols gets libpython loaded first, RTLD_GLOBAL, as a Python process has it.
+    """
+    steps = [HarnessStep.of(s.kind, s.flags, s.path) for s in seq]
+    wants_python = needs_python or any(s.kind is StepKind.IMPORT for s in seq)
+    libpython = hostenv.libpython_path() if wants_python else None
+    if libpython is None:
+        return steps, 0
+    return [HarnessStep("g", libpython), *steps], 1
+
+
+def make_record(seq: Sequence, verdict: Verdict, duration_s: float, peak_rss_mb: float,
+                limits: Limits, via: str) -> TrialRecord:
+    return TrialRecord(
+        sequence=seq,
+        outcome=verdict.outcome,
+        step=verdict.step,
+        signature=verdict.signature,
+        op=verdict.op,
+        signal=verdict.signal,
+        exit_code=verdict.exit_code,
+        detail=verdict.detail,
+        duration_s=duration_s,
+        peak_rss_mb=peak_rss_mb,
+        repro=repro_command(seq, limits),
+        via=via,
+    )
+
+
+def same_verdict(a: TrialRecord, b: TrialRecord) -> bool:
+    return (a.outcome, a.step, a.signature, a.op) == (b.outcome, b.step, b.signature, b.op)
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    fast: TrialRecord
+    cold: TrialRecord
+
+    def to_json(self) -> dict:
+        return {"fast": self.fast.to_json(), "cold": self.cold.to_json()}
+
+
+class Trials:
+    """Runs sequences and returns their records; safe to call from several threads."""
+
+    def __init__(
+        self,
+        limits: Limits = Limits(),
+        needs_python: Callable[[Sequence], bool] = lambda seq: False,
+        preload: Iterable[HarnessStep] = (),
+        cold: bool = False,
+    ):
+        self.limits = limits
+        self.needs_python = needs_python
+        self.preload = tuple(preload)
+        self.cold = cold
+        self.catalogue: tuple[Signature, ...] = load_catalogue()
+        self.disagreements: list[Disagreement] = []
+        self._idle: queue.SimpleQueue[Harness] = queue.SimpleQueue()
+        self._all: list[Harness] = []
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> Trials:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            servers, self._all = self._all, []
+        for server in servers:
+            server.close()
+
+    def _record(self, seq: Sequence, via: str, server: Harness | None) -> TrialRecord:
+        steps, prelude = harness_steps(seq, self.needs_python(seq))
+        if server is None:
+            evidence = run_cold(steps, self.limits, prelude)
+        else:
+            evidence = server.run(steps, self.limits, prelude)
+        verdict = classify(evidence, self.catalogue)
+        return make_record(seq, verdict, evidence.duration_s, evidence.peak_rss_mb,
+                           self.limits, via)
+
+    def run_cold(self, seq: Sequence) -> TrialRecord:
+        return self._record(seq, "cold", None)
+
+    def _server(self) -> Harness:
+        try:
+            return self._idle.get_nowait()
+        except queue.Empty:
+            server = Harness(self.preload)
+            with self._lock:
+                self._all.append(server)
+            return server
+
+    def run(self, seq: Sequence) -> TrialRecord:
+        if self.cold:
+            return self.run_cold(seq)
+        server = self._server()
+        try:
+            fast = self._record(seq, "fork-server", server)
+        except HarnessDied:  # the server, not the trial, failed: the cold path decides
+            return self.run_cold(seq)
+        self._idle.put(server)
+        if fast.clean:
+            return fast
+        cold = self.run_cold(seq)
+        if not same_verdict(fast, cold):
+            with self._lock:
+                self.disagreements.append(Disagreement(fast, cold))
+            return replace(cold, detail=f"{cold.detail} [fork server said: {fast.outcome.value}"
+                                        f" {fast.signature or ''} {fast.detail}]".strip())
+        return replace(cold, via="fork-server, confirmed cold")
+
+
+def flags_of(seq: Sequence) -> tuple[Flags, ...]:
+    return tuple(dict.fromkeys(step.flags for step in seq))
