@@ -28,7 +28,8 @@
  * libraries fork, even into a new session, is re-parented to it and killed
  * when the trial ends. Each trial gets stdin from /dev/null, stdout and stderr
  * on one bounded capture pipe, RLIMIT_CORE 0, RLIMIT_AS as asked, its own
- * working folder, and SIGKILL when its server dies.
+ * working folder, and SIGKILL when its server dies. The server ends, killing
+ * its trial, as soon as its parent closes (or dies with) the control pipe.
  */
 #include <dirent.h>
 #include <dlfcn.h>
@@ -269,7 +270,7 @@ static int kill_leftovers(void) {
     return killed;
 }
 
-static void serve_trial(const struct trial *t, struct trace *tr, int status) {
+static void serve_trial(const struct trial *t, struct trace *tr, int ctl, int status) {
     int out[2];
     if (pipe2(out, O_CLOEXEC) < 0) die("pipe");
     memset((void *)tr, 0, sizeof *tr);
@@ -288,10 +289,15 @@ static void serve_trial(const struct trial *t, struct trace *tr, int status) {
         int64_t deadline = tr->stamp_ns + (int64_t)t->timeout_ms * 1000000;
         int64_t left_ms = (deadline - now_ns()) / 1000000 + 1;
         if (left_ms <= 0) { timed_out = 1; kill(pid, SIGKILL); break; }
-        struct pollfd fds[2] = {{pidfd, POLLIN, 0}, {out[0], POLLIN, 0}};
-        int n = poll(fds, open_out ? 2 : 1, (int)(left_ms > 100 ? 100 : left_ms));
+        struct pollfd fds[3] = {{pidfd, POLLIN, 0}, {ctl, 0, 0}, {out[0], POLLIN, 0}};
+        int n = poll(fds, open_out ? 3 : 2, (int)(left_ms > 100 ? 100 : left_ms));
         if (n < 0 && errno != EINTR) die("poll");
-        if (open_out && fds[1].revents) open_out = drain(out[0], &cap);
+        if (fds[1].revents & (POLLHUP | POLLERR)) { /* the parent is gone: so is the trial */
+            kill(pid, SIGKILL);
+            kill_leftovers();
+            exit(0);
+        }
+        if (open_out && fds[2].revents) open_out = drain(out[0], &cap);
         if (fds[0].revents) break;
     }
     int wstatus = 0;
@@ -327,7 +333,9 @@ static void usage(void) {
 int main(int argc, char **argv) {
     int ctl = -1, status = -1;
     long parent = 0;
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    /* No PR_SET_PDEATHSIG here: it fires when the parent *thread* exits, and
+     * loadfuzz starts servers from worker threads. The parent's death shows
+     * instead as a hang-up on the control pipe, watched during every trial. */
     prctl(PR_SET_CHILD_SUBREAPER, 1);
     signal(SIGPIPE, SIG_IGN);
     struct rlimit core = {0, 0};
@@ -359,7 +367,7 @@ int main(int argc, char **argv) {
         int got = read_trial(ctl, &t);
         if (got == 0) return 0;
         if (got < 0) { fprintf(stderr, "harness: malformed trial message\n"); return 2; }
-        serve_trial(&t, tr, status);
+        serve_trial(&t, tr, ctl, status);
         free_trial(&t);
     }
 }
