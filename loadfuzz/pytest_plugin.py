@@ -1,0 +1,266 @@
+"""The pytest plugin: one test per ordered pair of a target's libraries and flags mode.
+
+    pytest --loadfuzz TARGET [--loadfuzz-add LIB]... [--loadfuzz-select GLOB]...
+           [--loadfuzz-flags global,local] [--loadfuzz-expect FILE]
+
+Each test is one trial of the load order `<first id> -> <second id> @ <flags>`
+(the test's name; its node id is `loadfuzz::<name>`). A pair that is not clean
+fails and shows its trial record and repro command; a finding an expectation
+covers is reported as xfail. It works in any folder, test files or none: the
+tests hang off the session itself (see `pytest_make_collect_report`). Under
+pytest-xdist (`-n N`) every worker reads the target and collects the same tests
+in the same order, and runs its share through a fork server of its own.
+
+Without `--loadfuzz` the plugin does nothing: it imports none of loadfuzz's
+other modules and registers no hook beyond its options (`PairPlugin` holds
+the rest). It always provides the `loadfuzz_run` fixture (see loadfuzz.api).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Generator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from loadfuzz.expect import Expectation
+    from loadfuzz.inventory import Inventory, Library
+    from loadfuzz.model import Flags, Sequence, TrialRecord
+    from loadfuzz.trial import Trials
+
+RECORD_PROPERTY = "loadfuzz_record"  # the trial record (JSON) in each report's user_properties
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("loadfuzz", "load-order checks of native libraries (loadfuzz)")
+    group.addoption("--loadfuzz", metavar="TARGET",
+                    help="add one test per ordered pair of TARGET's libraries and flags mode "
+                         "(TARGET: a .whl, a directory, or an installed distribution's name)")
+    group.addoption("--loadfuzz-add", action="append", default=[], metavar="LIB",
+                    help="an extra library (id extra/<file name>); repeatable")
+    group.addoption("--loadfuzz-select", action="append", default=[], metavar="GLOB",
+                    help="only the libraries whose id matches; repeatable")
+    group.addoption("--loadfuzz-flags", default="global,local", metavar="MODES",
+                    help="flags modes, e.g. global,local (default)")
+    group.addoption("--loadfuzz-expect", metavar="FILE",
+                    help="expectations file (TOML): the findings it covers are xfail")
+
+
+# --- what one pytest process checks ----------------------------------------------------
+
+
+@dataclass
+class PairCheck:
+    """The target, its pairs and expectations, as read once per pytest process (or xdist worker).
+
+    The fork server (`trials`) starts with the first test that runs, so that
+    collecting (`--collect-only`, the xdist controller) never starts one.
+    """
+
+    inventory: Inventory
+    libraries: tuple[Library, ...]
+    flags: tuple[Flags, ...]
+    work: list[Sequence]
+    expectations: tuple[Expectation, ...]
+    _trials: Trials | None = None
+
+    @classmethod
+    def read(cls, config: pytest.Config) -> PairCheck:
+        """Read the options and the target; any bad input is a one-line pytest usage error."""
+        from loadfuzz import inventory, plan
+        from loadfuzz.expect import load_expectations
+        from loadfuzz.model import Flags, UsageError
+
+        option = config.getoption
+        try:
+            inv = inventory.load_target(option("loadfuzz"),
+                                        [Path(p) for p in option("loadfuzz_add")])
+            libs = inv.select(option("loadfuzz_select"))
+            flags = Flags.parse_list(option("loadfuzz_flags"))
+            expect = option("loadfuzz_expect")
+            expectations = load_expectations(Path(expect)) if expect else ()
+        except (UsageError, ValueError) as exc:
+            raise usage_error(str(exc)) from None
+        if len(libs) < 2:
+            raise usage_error(f"{len(libs)} library selected in {inv.target}; a pair needs two")
+        work = plan.pairs([(lib.id, lib.path) for lib in libs], flags)
+        return cls(inv, libs, flags, work, expectations)
+
+    def trials(self) -> Trials:
+        if self._trials is None:
+            from loadfuzz import plan
+            from loadfuzz.trial import Trials
+
+            python = {lib.id for lib in self.libraries if lib.needs_python}
+            self._trials = Trials(needs_python=lambda seq: any(s.lib in python for s in seq),
+                                  preload=plan.preload_for(self.libraries))
+        return self._trials
+
+    def covering(self, record: TrialRecord) -> Expectation | None:
+        return next((entry for entry in self.expectations if entry.matches(record)), None)
+
+    def close(self) -> None:
+        if self._trials is not None:
+            self._trials.close()
+
+
+CHECK = pytest.StashKey[PairCheck]()
+# the loadfuzz command line's option names (in loadfuzz's messages) -> this plugin's
+OPTION_NAMES = (("--add ", "--loadfuzz-add "), ("--select ", "--loadfuzz-select "),
+                ("--expect ", "--loadfuzz-expect "))
+
+
+def usage_error(message: str) -> pytest.UsageError:
+    for cli, ours in OPTION_NAMES:
+        message = message.replace(cli, ours)
+    return pytest.UsageError(f"loadfuzz: {message}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """With --loadfuzz: read the target (on the xdist controller first, so bad input stops
+    the run before any worker starts) and register the hooks that add and report the pairs."""
+    if config.getoption("loadfuzz"):
+        check = config.stash[CHECK] = PairCheck.read(config)
+        config.pluginmanager.register(PairPlugin(check), "loadfuzz-pairs")
+        config.addinivalue_line("markers", "loadfuzz: a load-order pair test added by loadfuzz")
+
+
+class PairPlugin:
+    """The hooks of an active run: they exist only with --loadfuzz."""
+
+    def __init__(self, check: PairCheck) -> None:
+        self.check = check
+        self.records: list[TrialRecord] = []  # every pair's record this process was told of
+
+    def pytest_report_header(self) -> str:
+        inv, check = self.check.inventory, self.check
+        modes = ",".join(mode.value for mode in check.flags)
+        return (f"loadfuzz: {inv.target} ({inv.name} {inv.version or ''}".rstrip()
+                + f"), {len(check.libraries)} libraries, flags {modes}: {len(check.work)} pairs")
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_make_collect_report(self, collector: pytest.Collector) -> Generator[None, Any, Any]:
+        """The pairs hang off the session itself, whatever the folder holds (or not)."""
+        report = yield
+        if isinstance(collector, pytest.Session) and report.passed:
+            report.result.append(Pairs.from_parent(collector, name="loadfuzz", nodeid="loadfuzz"))
+        return report
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Collect the records; on the xdist controller these are every worker's reports."""
+        if report.when != "call":
+            return
+        from loadfuzz.model import TrialRecord
+
+        self.records += [TrialRecord.from_json(json.loads(value), locate=lambda lib: Path())
+                         for name, value in report.user_properties if name == RECORD_PROPERTY]
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not self.records:
+            return
+        from loadfuzz.expect import classify_findings
+
+        expected, unexpected, stale = classify_findings(self.records, self.check.expectations)
+        terminalreporter.section("loadfuzz")
+        findings = len(expected) + len(unexpected)
+        terminalreporter.line(f"{len(self.records)} load orders run, {findings} findings: "
+                              f"{len(expected)} expected, {len(unexpected)} unexpected")
+        for entry in stale:
+            terminalreporter.line(f"expectation that matched nothing run here: {entry.source} "
+                                  f"({entry.first} x {entry.second}, {entry.outcome.value})")
+
+    def pytest_unconfigure(self) -> None:
+        self.check.close()
+
+
+# --- the tests ----------------------------------------------------------------------------
+
+
+class Pairs(pytest.Collector):
+    """Every ordered pair under every flags mode, in the plan's (deterministic) order."""
+
+    def collect(self) -> list[PairItem]:
+        return [PairItem.from_parent(self, name=pair_id(seq), sequence=seq)
+                for seq in self.config.stash[CHECK].work]
+
+
+def pair_id(seq: Sequence) -> str:
+    return f"{seq[0].lib} -> {seq[1].lib} @ {seq[0].flags.value}"
+
+
+class PairItem(pytest.Item):
+    """One load order of two libraries: one trial."""
+
+    def __init__(self, *, sequence: Sequence, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.sequence = sequence
+        self.add_marker("loadfuzz")
+
+    def runtest(self) -> None:
+        check = self.config.stash[CHECK]
+        record = check.trials().run(self.sequence)
+        self.user_properties.append((RECORD_PROPERTY, json.dumps(record.to_json())))
+        if record.clean:
+            return
+        entry = check.covering(record)
+        if entry is not None:
+            pytest.xfail(f"{headline(record)}; expected ({entry.source}): {entry.why}")
+        raise PairFailed(record)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
+                     style: Any = None) -> str:
+        if isinstance(excinfo.value, PairFailed):
+            return failure_text(excinfo.value.record)
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self) -> tuple[Path, None, str]:
+        return self.path, None, self.name  # no source line: a pair is not written anywhere
+
+
+class PairFailed(Exception):
+    """A load order that was not clean and no expectation covers."""
+
+    def __init__(self, record: TrialRecord) -> None:
+        super().__init__(headline(record))
+        self.record = record
+
+
+def headline(record: TrialRecord) -> str:
+    """`reregister [executorch-reregister] quantized_decomposed::add.out at step 1`."""
+    words = [record.outcome.value]
+    if record.signature:
+        words.append(f"[{record.signature}]")
+    if record.op:
+        words.append(record.op)
+    if record.outcome.value == "crash":
+        words.append(f"signal {record.signal}")
+    if record.step is not None:
+        words.append(f"at step {record.step} ({record.sequence[record.step].lib})")
+    return " ".join(words)
+
+
+def failure_text(record: TrialRecord) -> str:
+    """What a failed pair shows: the headline first (pytest's summary line), the record last."""
+    return "\n".join([
+        headline(record),
+        f"detail: {record.detail}",
+        f"repro:  {record.repro}",
+        f"record: {json.dumps(record.to_json(), ensure_ascii=False)}",
+    ])
+
+
+@pytest.fixture
+def loadfuzz_run():
+    """Run one load order, cold, and get its trial record (see loadfuzz.api.run_load_order).
+
+        def test_plugin_loads_beside_the_runtime(loadfuzz_run):
+            record = loadfuzz_run("executorch", "lib/libexecutorch.so", "local:build/plugin.so")
+            assert record.clean, record.detail
+    """
+    from loadfuzz.api import run_load_order
+
+    return run_load_order

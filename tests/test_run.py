@@ -1,0 +1,170 @@
+"""A trial runs any load order in a process of its own and says what happened, at which step.
+
+Every hostile fixture is run on both paths, cold (a fresh process) and forked
+from a fork server, and must be classified the same way on each.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import AOT, ET, EXTENSION, LEGACY_PLUGIN, LOADFUZZ, QUANTIZED, hostile, step
+
+from loadfuzz.execute import Limits
+from loadfuzz.model import Flags, Outcome, StepKind
+from loadfuzz.trial import Trials
+
+LIMITS = Limits(timeout_s=2, mem_mb=4096)
+CLEAN = hostile("clean")
+
+# fixture -> (outcome, signal, exit code); each loaded as step 1 between two clean libraries
+HOSTILE = {
+    "segv": (Outcome.CRASH, signal.SIGSEGV, None),
+    "sigbus": (Outcome.CRASH, signal.SIGBUS, None),
+    "sigkill": (Outcome.CRASH, signal.SIGKILL, None),
+    "hang": (Outcome.TIMEOUT, signal.SIGKILL, None),
+    "spin": (Outcome.TIMEOUT, signal.SIGKILL, None),
+    "exit0": (Outcome.EXIT, None, 0),
+    "exit7": (Outcome.EXIT, None, 7),
+    "alloc30g": (Outcome.ABORT, signal.SIGABRT, None),
+    "abrt_handler": (Outcome.ABORT, signal.SIGABRT, None),
+    "undefined_symbol": (Outcome.LOAD_ERROR, None, 0),
+    "needs_missing": (Outcome.LOAD_ERROR, None, 0),
+}
+# fixtures that misbehave but let the load complete
+SURVIVABLE = ["fork_linger", "flood", "closefds", "rmcwd", "thread_lock"]
+
+
+@pytest.fixture(scope="module", params=["cold", "fork-server"])
+def trials(request):
+    with Trials(LIMITS, cold=request.param == "cold") as runner:
+        yield runner
+
+
+def processes_holding(path: Path) -> list[int]:
+    holders = []
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            if str(path) in maps.read_text():
+                holders.append(int(maps.parent.name))
+        except OSError:
+            continue
+    return holders
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_each_hostile_library_gets_its_outcome_at_its_step(trials, name):
+    outcome, number, code = HOSTILE[name]
+    record = trials.run((step(CLEAN), step(hostile(name)), step(CLEAN, Flags.LOCAL)))
+    assert (record.outcome, record.step, record.signal, record.exit_code) == (
+        outcome, 1, number, code)
+    assert not processes_holding(hostile(name))
+
+
+@pytest.mark.parametrize("name", SURVIVABLE)
+def test_libraries_that_misbehave_but_load_are_clean_and_leave_nothing(trials, name):
+    record = trials.run((step(CLEAN), step(hostile(name)), step(CLEAN, Flags.LOCAL)))
+    assert (record.outcome, record.step, record.exit_code) == (Outcome.CLEAN, None, 0)
+    assert not processes_holding(hostile(name))
+
+
+def test_a_lingering_grandchild_in_its_own_session_is_killed_and_counted(trials):
+    record = trials.run((step(hostile("fork_linger")),))
+    assert "leftover" in record.detail
+    assert not processes_holding(hostile("fork_linger"))
+
+
+def test_a_hang_is_reported_within_the_limit_plus_a_second():
+    with Trials(LIMITS, cold=True) as runner:
+        began = time.monotonic()
+        record = runner.run((step(hostile("hang")),))
+    assert record.outcome is Outcome.TIMEOUT
+    assert time.monotonic() - began < LIMITS.timeout_s + 2
+    assert not processes_holding(hostile("hang"))
+
+
+def test_a_flood_of_output_is_bounded_in_the_record_and_in_loadfuzz():
+    rss_before = psutil.Process().memory_info().rss
+    with Trials(LIMITS, cold=True) as runner:
+        record = runner.run((step(hostile("flood")),))
+    assert record.outcome is Outcome.CLEAN
+    assert len(record.detail) < 400
+    assert psutil.Process().memory_info().rss - rss_before < 50 * 2**20
+
+
+def test_no_core_file_is_written(tmp_path, trials):
+    trials.run((step(hostile("segv")),))
+    assert not list(tmp_path.glob("core*")) and not list(Path.cwd().glob("core*"))
+
+
+def test_the_next_forked_trial_is_not_deadlocked_by_a_thread_holding_a_lock():
+    with Trials(LIMITS) as runner:
+        first = runner.run((step(hostile("thread_lock")),))
+        second = runner.run((step(CLEAN), step(hostile("thread_lock"))))
+    assert first.outcome is second.outcome is Outcome.CLEAN
+    assert second.via == "fork-server"
+
+
+@pytest.mark.parametrize("flags", [Flags.GLOBAL, Flags.LOCAL])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_run_time_quantized_kernels_and_the_legacy_plugin_reregister_in_either_order(
+        flags, reverse):
+    pair = [QUANTIZED, LEGACY_PLUGIN][::-1 if reverse else 1]
+    result = subprocess.run([str(LOADFUZZ), "run", "--json", f"{flags.value}:{pair[0]}",
+                             f"{flags.value}:{pair[1]}"], capture_output=True, text=True)
+    record = json.loads(result.stdout)
+    assert result.returncode == 1
+    assert (record["outcome"], record["signature"], record["op"], record["step"]) == (
+        "reregister", "executorch-reregister", "quantized_decomposed::add.out", 1)
+
+
+def test_the_export_plugin_loaded_twice_is_a_torch_duplicate_operator(tmp_path):
+    copy = tmp_path / "copy of the export plugin" / "libquantized_ops_aot_lib.so"
+    copy.parent.mkdir()
+    copy.write_bytes(AOT.read_bytes())
+    result = subprocess.run([str(LOADFUZZ), "run", "--json", str(AOT), str(copy)],
+                            capture_output=True, text=True)
+    record = json.loads(result.stdout)
+    assert (record["outcome"], record["signature"], record["op"], record["step"]) == (
+        "reregister", "torch-duplicate-op", "quantized_decomposed::add.out", 1)
+
+
+def test_the_profiler_then_the_python_extension_is_clean():
+    result = subprocess.run([str(LOADFUZZ), "run", "--json", str(ET / "lib/libexecutorch_etdump.so"),
+                             str(EXTENSION)], capture_output=True, text=True)
+    record = json.loads(result.stdout)
+    assert (result.returncode, record["outcome"], record["exit_code"]) == (0, "clean", 0)
+
+
+def test_importing_the_extension_in_the_embedded_interpreter_is_clean():
+    with Trials(LIMITS, cold=True) as runner:
+        record = runner.run((step(ET / "lib/libexecutorch_etdump.so"),
+                             step(EXTENSION, Flags.LOCAL, StepKind.IMPORT)))
+    assert record.outcome is Outcome.CLEAN
+
+
+def test_the_repro_command_reruns_the_trial_even_through_awkward_paths(tmp_path):
+    odd = tmp_path / "a dir with spaces\nand a newline é" / "libquantized kernels.so"
+    odd.parent.mkdir()
+    odd.write_bytes(QUANTIZED.read_bytes())
+    os.symlink(ET / "lib" / "libexecutorch.so", odd.parent / "libexecutorch.so")
+    os.symlink(ET / "lib" / "libexecutorch_threadpool.so",
+               odd.parent / "libexecutorch_threadpool.so")
+    with Trials(LIMITS, cold=True) as runner:
+        record = runner.run((step(odd), step(LEGACY_PLUGIN)))
+    assert record.outcome is Outcome.REREGISTER
+    rerun = subprocess.run(["sh", "-c", record.repro.replace(" run ", " run --json ", 1)],
+                           capture_output=True, text=True)
+    assert json.loads(rerun.stdout)["outcome"] == "reregister"
+
+
+def test_trials_do_not_inherit_ld_preload(monkeypatch):
+    monkeypatch.setenv("LD_PRELOAD", str(hostile("exit7")))
+    with Trials(LIMITS, cold=True) as runner:
+        record = runner.run((step(CLEAN),))
+    assert record.outcome is Outcome.CLEAN
