@@ -138,6 +138,7 @@ STT_FUNC = 2
 DF_SYMBOLIC = 0x2
 # C++ names that are the standard library's, not a library's own API.
 STD_PREFIXES = ("_ZSt", "_ZNSt", "_ZNKSt", "_ZN9__gnu_cxx", "_ZNK9__gnu_cxx", "_ZT", "_ZGV")
+LOADER_HOOKS = frozenset({"_init", "_fini"})
 # Read-only data that never holds string literals.
 NOT_STRINGS = (".eh_frame", ".eh_frame_hdr", ".gcc_except_table", ".interp", ".note")
 
@@ -170,7 +171,7 @@ class ElfFacts:
     defines: frozenset[str] = field(repr=False)  # exported dynamic symbols
     protected: frozenset[str] = field(repr=False)  # those of them with protected visibility
     undefined: frozenset[str] = field(repr=False)  # strong undefined dynamic symbols
-    exports_api: bool = False  # a global function outside the C++ standard library
+    exports_api: bool = False  # a global function (C or C++) outside the C++ standard library
     # per registry kind: (kind, defined entry points, imported entry points), kinds it uses only
     entries: tuple[tuple[str, frozenset[str], frozenset[str]], ...] = ()
 
@@ -290,7 +291,7 @@ def parse_facts(path: Path, elf: ELFFile, size: int, host: Machine) -> ElfFacts:
         protected=frozenset(s.name for s in symbols if s.exported and s.visibility == STV_PROTECTED),
         undefined=undefined,
         exports_api=any(s.exported and s.bind == STB_GLOBAL and s.kind == STT_FUNC
-                        and s.name.startswith("_Z") and not s.name.startswith(STD_PREFIXES)
+                        and not s.name.startswith(STD_PREFIXES) and s.name not in LOADER_HOOKS
                         for s in symbols),
         entries=entries,
     )
@@ -399,8 +400,8 @@ def referenced_strings(elf: ELFFile, regions: Sequence[tuple[int, bytes]]) -> li
 def kernel_names(elf: ELFFile, _stream) -> tuple[str, ...]:
     """The `ns::op.overload` names of the ExecuTorch kernels a library registers.
 
-    Kernel tables (pointers to the names in relocated data) are exact. A
-    library without one builds its kernels in code (EXECUTORCH_LIBRARY), and
+    Kernel tables (pointers to the names in relocated data) come first, in
+    table order. A library without one builds its kernels in code (EXECUTORCH_LIBRARY), and
     then every whole `ns::op.overload` string counts; a name without an
     overload counts only when its namespace also has a name with one (which
     keeps out C++ messages such as `vector::reserve`), and a name that is
@@ -408,9 +409,13 @@ def kernel_names(elf: ELFFile, _stream) -> tuple[str, ...]:
     """
     regions = read_only_data(elf)
     table = [text.decode() for text in referenced_strings(elf, regions) if OP_NAME.fullmatch(text)]
-    if table:
-        return tuple(dict.fromkeys(table))
-    return op_strings(regions)
+    loose = op_strings(regions)
+    if not table:
+        return loose
+    # Kernels registered in code beside the table (embedding_xbit in the quantized kernels)
+    # leave loose strings in the table's namespaces.
+    namespaces = {name.split("::")[0] for name in table}
+    return tuple(dict.fromkeys(table + [n for n in loose if n.split("::")[0] in namespaces]))
 
 
 def op_strings(regions: Sequence[tuple[int, bytes]]) -> tuple[str, ...]:
@@ -632,7 +637,7 @@ ROLES: tuple[tuple[Role, str, Callable[[Traits], bool]], ...] = (
     (Role.PYTHON_EXTENSION, "defines PyInit_<module>", lambda t: t.python_module),
     (Role.EXPORT_PLUGIN, "NEEDs libtorch*/libc10 and registers operators into the PyTorch "
      "dispatcher", lambda t: t.links_torch and t.registers_into_torch),
-    (Role.RUNTIME, "has a SONAME (others can NEED it) and exports a C++ API of its own",
+    (Role.RUNTIME, "has a SONAME (others can NEED it) and exports functions of its own",
      lambda t: t.facts.soname is not None and t.facts.exports_api),
     (Role.OTHER, "none of the above", lambda t: True),
 )

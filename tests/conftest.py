@@ -30,3 +30,26 @@ def hostile(name: str) -> Path:
 @pytest.fixture(scope="session", autouse=True)
 def fixtures_are_built():
     assert LEGACY_PLUGIN.exists(), "run `make` first: the fixture libraries are not built"
+
+
+def loadfuzz(*args: str, cwd: Path | None = None, timeout: float = 600):
+    """Run the CLI as a user would; returns the CompletedProcess (text)."""
+    import subprocess
+
+    return subprocess.run([str(LOADFUZZ), *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def legacy_matrix(tmp_path_factory):
+    """The release check of the demo, run once: executorch 1.5.1 plus the legacy plugin.
+
+    Returns (summary, every trial record) as JSON objects.
+    """
+    import json
+
+    out = tmp_path_factory.mktemp("legacy-matrix")
+    done = loadfuzz("matrix", "executorch", "--add", LEGACY_PLUGIN, "--out", out, "--json")
+    assert done.returncode == 1, done.stderr
+    records = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
+    return json.loads(done.stdout), records

@@ -1,0 +1,156 @@
+"""Static prediction: replay a load order against the inventory and say whether it should abort.
+
+No library is loaded. A `Process` keeps what the dynamic loader keeps: which
+files are in, under which names, and the global scope. Each step loads a
+library's dependency list (the loader's breadth-first search list, shared
+with `inventory.LinkMap`), runs the constructors of the objects it brought
+in, dependencies first, and each constructor that registers operators calls
+its registry's entry point. That call binds the way ld.so binds it:
+
+- to the caller's own definition when it binds to itself (DT_SYMBOLIC or a
+  protected symbol);
+- else to the first definition in the global scope (the program and every
+  object loaded `global` so far), then in the step's own search list.
+
+The registry a call reaches is the copy in the object it binds to. Two
+registrations of one operator name into the same copy abort the process:
+that is the prediction. `global` therefore matters for later steps (a copy
+in the global scope wins every later binding); `local` keeps each library's
+calls inside its own closure, where a shared dependency (loaded once, by
+name) is still shared.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from loadfuzz.inventory import REGISTRY_BY_NAME, ElfFacts, Inventory, Library
+from loadfuzz.model import Flags, Outcome, Step, StepKind
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What one load order should do. `step` is None when it should run clean."""
+
+    sequence: tuple[Step, ...]
+    outcome: Outcome
+    step: int | None = None
+    op: str | None = None
+    signature: str | None = None
+    why: str = ""
+
+    @property
+    def clean(self) -> bool:
+        return self.outcome is Outcome.CLEAN
+
+    def pair_json(self) -> dict:
+        """The contract's `predicted` entry for an ordered pair."""
+        first, second = self.sequence
+        return {"first": first.lib, "second": second.lib, "flags": first.flags.value,
+                "outcome": self.outcome.value, "op": self.op, "why": self.why}
+
+
+@dataclass
+class Process:
+    """The loader's state in one simulated process (mutable, private to one `replay`)."""
+
+    inv: Inventory
+    by_name: dict[str, ElfFacts] = field(default_factory=dict)  # names answered by loaded objects
+    loaded: dict[tuple[int, int], ElfFacts] = field(default_factory=dict)
+    global_scope: list[ElfFacts] = field(default_factory=list)
+    # (registry kind, identity of the copy) -> {operator: id of the library that registered it}
+    registries: dict[tuple[str, tuple[int, int]], dict[str, str]] = field(default_factory=dict)
+    owners: dict[tuple[int, int], Library] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.owners = self.inv.by_identity()
+
+    def name_of(self, obj: ElfFacts) -> str:
+        lib = self.owners.get(obj.identity)
+        return lib.id if lib else obj.path.name
+
+    def library(self, obj: ElfFacts) -> Library | None:
+        return self.owners.get(obj.identity)
+
+    def bind(self, caller: ElfFacts, symbol: str, local: Sequence[ElfFacts]) -> ElfFacts | None:
+        if caller.binds_to_itself(symbol):
+            return caller
+        return next((obj for obj in itertools.chain(self.global_scope, local)
+                     if symbol in obj.defines), None)
+
+    def load(self, index: int, step: Step) -> Prediction | None:
+        """Do one step; a Prediction when it should end the process."""
+        root = self.inv.link_map.files[self.inv.get(step.lib).path]
+        order, missing = self.inv.link_map.search_list(root, self.by_name)
+        if missing:
+            return Prediction((), Outcome.LOAD_ERROR, index,
+                              why=f"{step.lib} needs {missing[0]}, which nobody provides")
+        new = [obj for obj in order if obj.identity not in self.loaded]
+        for obj in order:
+            self.loaded.setdefault(obj.identity, obj)
+            for name in filter(None, (obj.soname, obj.path.name)):
+                self.by_name.setdefault(name, obj)
+        for obj in reversed(new):  # constructors run dependencies first
+            ended = self.construct(index, obj, order)
+            if ended:
+                return ended
+        if step.flags is Flags.GLOBAL and step.kind is StepKind.DLOPEN:
+            known = {obj.identity for obj in self.global_scope}
+            self.global_scope += [obj for obj in order if obj.identity not in known]
+        return None
+
+    def construct(self, index: int, obj: ElfFacts, local: Sequence[ElfFacts]) -> Prediction | None:
+        lib = self.library(obj)
+        if lib is None:
+            return None
+        for kind_name, ops in lib.registrations:
+            kind = REGISTRY_BY_NAME[kind_name]
+            defined, imported = obj.entry_points(kind_name)
+            symbol = min(defined | imported) if defined | imported else None
+            copy = self.bind(obj, symbol, local) if symbol else None
+            if copy is None:
+                continue
+            registry = self.registries.setdefault((kind_name, copy.identity), {})
+            for op in ops:
+                if op in registry:
+                    earlier = registry[op]
+                    shared = sum(1 for other in ops if other in registry)
+                    more = f" (+{shared - 1} more)" if shared > 1 else ""
+                    return Prediction(
+                        (), Outcome.REREGISTER, index, op, kind.signature,
+                        f"{earlier} and {lib.id} both register {op}{more} into "
+                        f"{kind.title}, and both bind its entry point to the copy in "
+                        f"{self.name_of(copy)}")
+                registry[op] = lib.id
+        return None
+
+
+def replay(inv: Inventory, sequence: Sequence[Step]) -> Prediction:
+    """The predicted outcome of running `sequence` (steps by library id) in one fresh process."""
+    process = Process(inv)
+    for index, step in enumerate(sequence):
+        ended = process.load(index, step)
+        if ended:
+            return Prediction(tuple(sequence), ended.outcome, ended.step, ended.op,
+                              ended.signature, ended.why)
+    return Prediction(tuple(sequence), Outcome.CLEAN)
+
+
+def pair(first: Library, second: Library, flags: Flags) -> tuple[Step, Step]:
+    return (Step(StepKind.DLOPEN, first.id, flags, first.path),
+            Step(StepKind.DLOPEN, second.id, flags, second.path))
+
+
+def predict(inv: Inventory, libraries: Iterable[Library] | None = None,
+            flags: Sequence[Flags] = (Flags.GLOBAL, Flags.LOCAL)) -> tuple[Prediction, ...]:
+    """Every ordered pair under each flags mode that should not run clean."""
+    libs = tuple(inv.libraries if libraries is None else libraries)
+    found = (replay(inv, pair(a, b, mode)) for mode in flags for a in libs for b in libs if a != b)
+    return tuple(p for p in found if not p.clean)
+
+
+def shared_definitions(first: ElfFacts, second: ElfFacts, limit: int = 5) -> tuple[str, ...]:
+    """Exported symbols both define: what `global` lets one library take from the other."""
+    return tuple(sorted(first.defines & second.defines)[:limit])

@@ -1,0 +1,187 @@
+"""`scan` reads a target's ELF files (pyelftools only) and says what each library is and does."""
+
+import json
+import shutil
+import struct
+import zipfile
+
+import pytest
+from conftest import ET, LEGACY_PLUGIN, QUANTIZED, loadfuzz
+
+from loadfuzz import inventory
+from loadfuzz.model import Role, UsageError
+
+EXPECTED_ROLES = {
+    "lib/": Role.RUNTIME,
+    ".cpython-311-x86_64-linux-gnu.so": Role.PYTHON_EXTENSION,
+    "kernels/quantized/libquantized_ops_aot_lib.so": Role.EXPORT_PLUGIN,
+    "extension/llm/custom_ops/libcustom_ops_aot_lib.so": Role.EXPORT_PLUGIN,
+}
+
+
+@pytest.fixture(scope="module")
+def et():
+    return inventory.load_target("executorch")
+
+
+def test_the_installed_wheel_ships_eighteen_libraries_each_with_its_role(et):
+    assert len(et.libraries) == 18
+    for lib in et.libraries:
+        [role] = {role for part, role in EXPECTED_ROLES.items()
+                  if lib.id.startswith(part) or lib.id.endswith(part) or lib.id == part}
+        assert lib.role is role, lib.id
+
+
+def test_the_run_time_quantized_kernels_register_all_21_quantized_decomposed_operators(et):
+    lib = et.get("lib/libexecutorch_kernels_quantized.so")
+    assert len(lib.registers) == 21
+    assert all(op.startswith("quantized_decomposed::") for op in lib.registers)
+    assert lib.registrations[0][1][0] == "quantized_decomposed::add.out"  # table order
+    assert lib.registry == "executorch"
+
+
+def test_the_python_extension_does_not_depend_on_the_run_time_quantized_kernels(et):
+    ext = et.get("extension/pybindings/_C.cpython-311-x86_64-linux-gnu.so")
+    assert ext.needs_python
+    assert "lib/libexecutorch_kernels_quantized.so" not in ext.closure
+    assert ext.closure  # it does reach other libraries of the wheel
+
+
+def test_libexecutorch_owns_the_registry_and_is_the_only_owner(et):
+    assert [lib.id for lib in et.libraries if lib.registry_owner] == ["lib/libexecutorch.so"]
+
+
+def test_the_export_plugin_reaches_the_run_time_kernels_through_its_dependencies(et):
+    aot = et.get("kernels/quantized/libquantized_ops_aot_lib.so")
+    assert "lib/libexecutorch_kernels_quantized.so" in aot.closure
+    assert aot.registry == "torch"
+    assert any(path.name.startswith("libtorch") for path in aot.external)
+
+
+def test_an_added_library_gets_an_extra_id_and_its_operators_are_read(tmp_path):
+    inv = inventory.load_target("executorch", [LEGACY_PLUGIN])
+    plugin = inv.get("extra/libquantized_ops_legacy_plugin.so")
+    assert set(plugin.registers) == set(inv.get("lib/libexecutorch_kernels_quantized.so").registers)
+    assert "lib/libexecutorch.so" in plugin.closure
+
+
+def test_scan_json_has_the_contract_shape():
+    done = loadfuzz("scan", "executorch", "--add", LEGACY_PLUGIN, "--json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["target"] == "executorch"
+    keys = {"id", "role", "soname", "needed", "runpath", "needs_python", "registry_owner",
+            "registers", "closure"}
+    assert all(keys <= set(lib) for lib in data["libraries"])
+    assert len(data["predicted"]) == 8
+    assert all(set(p) == {"first", "second", "flags", "outcome", "op", "why"}
+               for p in data["predicted"])
+
+
+def test_scan_prints_a_table_and_the_predicted_collisions():
+    done = loadfuzz("scan", "executorch", "--add", LEGACY_PLUGIN)
+    assert done.returncode == 0, done.stderr
+    assert "lib/libexecutorch.so" in done.stdout and "owner" in done.stdout
+    assert "predicted collisions: 8" in done.stdout
+
+
+def test_a_wheel_file_is_unpacked_into_a_cache_keyed_by_its_hash(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    wheel = tmp_path / "demo-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.write(QUANTIZED, "demo/lib/libexecutorch_kernels_quantized.so")
+        archive.write(ET / "lib" / "libexecutorch.so", "demo/lib/libexecutorch.so")
+        archive.writestr("demo-1.0.dist-info/METADATA", "Name: demo\nVersion: 1.0\n")
+    inv = inventory.load_target(str(wheel))
+    assert [lib.id for lib in inv.libraries] == ["lib/libexecutorch.so",
+                                                 "lib/libexecutorch_kernels_quantized.so"]
+    assert (inv.name, inv.version) == ("demo", "1.0")
+    assert inv.root.is_relative_to(tmp_path / "cache" / "loadfuzz" / "wheels")
+
+
+# --- bad input: one clear line, exit 2 -------------------------------------------------
+
+
+def elf32(path):
+    """A minimal 32-bit x86 ELF shared-object header: valid, of the wrong class here."""
+    ident = b"\x7fELF" + bytes([1, 1, 1]) + bytes(9)
+    header = struct.pack("<HHIIIIIHHHHHH", 3, 3, 1, 0, 0, 0, 0, 52, 0, 0, 40, 0, 0)
+    path.write_bytes(ident + header)
+    return path
+
+
+def other_machine(path):
+    data = bytearray(QUANTIZED.read_bytes())
+    data[18:20] = struct.pack("<H", 183)  # EM_AARCH64
+    path.write_bytes(bytes(data))
+    return path
+
+
+def text_file(path):
+    path.write_text("not a library\n")
+    return path
+
+
+def truncated(path):
+    path.write_bytes(QUANTIZED.read_bytes()[:4096])
+    return path
+
+
+BAD_LIBRARIES = {
+    "text named .so": (text_file, "not an ELF file"),
+    "truncated": (truncated, "truncated"),
+    "32-bit": (elf32, "32-bit"),
+    "aarch64": (other_machine, "AARCH64"),
+}
+
+
+@pytest.mark.parametrize("kind", BAD_LIBRARIES)
+def test_a_bad_library_is_refused_with_one_line_naming_the_problem(tmp_path, kind):
+    make, words = BAD_LIBRARIES[kind]
+    bad = make(tmp_path / "libbad.so")
+    done = loadfuzz("scan", bad, cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and words in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["libbad.so"]
+
+
+def test_a_broken_file_inside_a_folder_is_a_warning_that_names_it(tmp_path):
+    shutil.copy(QUANTIZED, tmp_path / "libgood.so")
+    (tmp_path / "libbroken.so").write_bytes(QUANTIZED.read_bytes()[:2000])
+    inv = inventory.load_target(str(tmp_path))
+    assert [lib.id for lib in inv.libraries] == ["libgood.so"]
+    assert len(inv.warnings) == 1 and "libbroken.so" in inv.warnings[0]
+    done = loadfuzz("scan", tmp_path)
+    assert done.returncode == 0 and "warning: skipped libbroken.so" in done.stdout
+
+
+def test_a_folder_without_any_library_is_bad_input(tmp_path):
+    (tmp_path / "README").write_text("nothing here")
+    with pytest.raises(UsageError, match="no ELF shared library"):
+        inventory.load_target(str(tmp_path))
+
+
+def test_a_missing_target_is_bad_input(tmp_path):
+    done = loadfuzz("scan", tmp_path / "nope.whl")
+    assert done.returncode == 2 and "no such file" in done.stderr
+
+
+def test_a_corrupt_wheel_is_bad_input(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    wheel = tmp_path / "bad-1.0-py3-none-any.whl"
+    wheel.write_bytes(b"PK\x03\x04 this is not a zip")
+    with pytest.raises(UsageError, match="corrupt wheel"):
+        inventory.load_target(str(wheel))
+
+
+def test_a_wheel_whose_entry_climbs_out_is_refused_and_writes_nothing_outside(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    wheel = tmp_path / "evil-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("evil/../../escaped.so", b"\x7fELF")
+    with pytest.raises(UsageError, match="unsafe entry"):
+        inventory.load_target(str(wheel))
+    assert not (tmp_path / "escaped.so").exists()
+    assert not (tmp_path / "cache" / "escaped.so").exists()
+    assert not list((tmp_path / "cache" / "loadfuzz" / "wheels").iterdir())

@@ -1,0 +1,74 @@
+"""The static prediction says which ordered pairs collide, and running them agrees.
+
+The comparison is kept as a check that can fail: every ordered pair of
+executorch 1.5.1 plus the legacy plugin, under both flags modes, predicted
+from the ELF files alone and observed by `matrix`.
+"""
+
+from conftest import LEGACY_PLUGIN
+
+from loadfuzz import inventory, predict
+from loadfuzz.model import Flags, Outcome, Step, StepKind
+
+PLUGIN = "extra/libquantized_ops_legacy_plugin.so"
+QUANTIZED = "lib/libexecutorch_kernels_quantized.so"
+AOT = "kernels/quantized/libquantized_ops_aot_lib.so"
+
+
+def legacy_inventory():
+    return inventory.load_target("executorch", [LEGACY_PLUGIN])
+
+
+def steps(inv, *spelled):
+    """`("global", id), ...` -> Steps."""
+    return [Step(StepKind.DLOPEN, lib, Flags(mode), inv.get(lib).path) for mode, lib in spelled]
+
+
+def test_the_bare_wheel_is_predicted_to_load_clean_in_every_pair():
+    assert predict.predict(inventory.load_target("executorch")) == ()
+
+
+def test_the_legacy_plugin_is_predicted_to_collide_with_every_holder_of_the_quantized_kernels():
+    found = {(p.sequence[0].lib, p.sequence[1].lib, p.sequence[0].flags.value, p.op)
+             for p in predict.predict(legacy_inventory())}
+    holders = (QUANTIZED, AOT)  # the aot lib loads the run-time kernels as a dependency
+    assert found == {(a, b, mode, "quantized_decomposed::add.out")
+                     for holder in holders for a, b in ((holder, PLUGIN), (PLUGIN, holder))
+                     for mode in ("global", "local")}
+
+
+def test_a_prediction_names_both_libraries_and_the_copy_of_the_registry_they_share():
+    [first] = [p for p in predict.predict(legacy_inventory(), flags=[Flags.GLOBAL])
+               if p.sequence[0].lib == QUANTIZED]
+    assert first.signature == "executorch-reregister"
+    assert first.step == 1
+    assert QUANTIZED in first.why and PLUGIN in first.why and "lib/libexecutorch.so" in first.why
+
+
+def test_a_library_loaded_twice_is_one_object_and_does_not_collide_with_itself():
+    inv = legacy_inventory()
+    seq = steps(inv, ("local", QUANTIZED), ("global", QUANTIZED), ("global", AOT))
+    assert predict.replay(inv, seq).outcome is Outcome.CLEAN
+
+
+def test_a_collision_needs_the_second_copy_to_be_loaded_not_only_listed():
+    inv = legacy_inventory()
+    seq = steps(inv, ("global", PLUGIN), ("global", "lib/libexecutorch_etdump.so"))
+    assert predict.replay(inv, seq).clean
+
+
+def test_prediction_agrees_with_every_observed_pair(legacy_matrix):
+    summary, records = legacy_matrix
+    inv = legacy_inventory()
+    predicted = {(p.sequence[0].lib, p.sequence[1].lib, p.sequence[0].flags.value):
+                 (p.outcome.value, p.op) for p in predict.predict(inv)}
+    observed = {(r["sequence"][0]["lib"], r["sequence"][1]["lib"], r["sequence"][0]["flags"]):
+                (r["outcome"], r["op"]) for r in records}
+    assert len(observed) == summary["trials"] == 19 * 18 * 2
+    disagree = {pair: (predicted.get(pair, ("clean", None)), seen)
+                for pair, seen in observed.items()
+                if predicted.get(pair, ("clean", None)) != seen}
+    agreed = len(observed) - len(disagree)
+    print(f"prediction agrees with {agreed}/{len(observed)} observed pairs")
+    assert disagree == {}
+    assert set(predicted) <= set(observed)
