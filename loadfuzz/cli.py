@@ -60,7 +60,8 @@ class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line and exit status 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{self.prog}: {message}")
+        command = self.prog.removeprefix("loadfuzz").strip()
+        raise UsageError(f"{command}: {message}" if command else message)
 
 
 def positive_float(text: str) -> float:

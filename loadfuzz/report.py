@@ -720,6 +720,11 @@ def write_repro_scripts(out: Path, findings: list[Mapping[str, Any]]) -> list[Pa
     return written
 
 
+def write_repro_script(out: Path, record: Mapping[str, Any]) -> Path:
+    """repro.sh: the one standalone script `loadfuzz repro` leaves."""
+    return _write(out / "repro.sh", _script(1, record), mode=0o755)
+
+
 # --- summary.json and the whole folder -------------------------------------------
 
 

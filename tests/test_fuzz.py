@@ -1,0 +1,110 @@
+"""`fuzz` explores load orders with Hypothesis, keeps every distinct failure, shrunk, and
+replays what it found from its example database first in the next campaign.
+
+The corpus (build/fixtures/corpus, nine libraries) hides exactly two failures:
+`libcz_pair_a.so` and `libcz_pair_b.so` register the same ExecuTorch operator
+(a pair, any order, any flags), and `libcz_weak_p.so` and `libcz_weak_q.so`
+register into `libcz_registry.so` only when it was loaded `global` before
+them (a sequence of three).
+"""
+
+import json
+
+import pytest
+from conftest import FIXTURES, loadfuzz
+
+from loadfuzz.fuzz import simplify, step_options
+from loadfuzz.model import Flags, Outcome, Role, Step, StepKind, TrialRecord
+
+CORPUS = FIXTURES / "corpus"
+PAIR = [("dlopen", "libcz_pair_a.so", "local"), ("dlopen", "libcz_pair_b.so", "local")]
+TRIPLE = [("dlopen", "libcz_registry.so", "global"), ("dlopen", "libcz_weak_p.so", "local"),
+          ("dlopen", "libcz_weak_q.so", "local")]
+
+
+def spelled(record):
+    return [(s["kind"], s["lib"], s["flags"]) for s in record["sequence"]]
+
+
+@pytest.fixture(scope="module")
+def campaigns(tmp_path_factory):
+    """A 60 s campaign on the corpus, then a short one on the same database."""
+    base = tmp_path_factory.mktemp("fuzz")
+    first = loadfuzz("fuzz", CORPUS, "--budget", "60s", "--seed", "7", "--db", base / "db",
+                     "--out", base / "first", "--json")
+    second = loadfuzz("fuzz", CORPUS, "--budget", "3s", "--seed", "8", "--db", base / "db",
+                      "--out", base / "second", "--json")
+    return base, first, second
+
+
+def test_a_campaign_finds_both_hidden_failures_each_shrunk_and_nothing_else(campaigns):
+    _, first, _ = campaigns
+    assert first.returncode == 1, first.stderr  # findings, no --expect
+    summary = json.loads(first.stdout)
+    assert sorted(spelled(r) for r in summary["findings"]) == [PAIR, TRIPLE]
+    assert {r["op"] for r in summary["findings"]} == {"cz::pair_op.out", "cz::triple_op.out"}
+    assert all(r["outcome"] == "reregister" for r in summary["findings"])
+    assert summary["throughput"] > 0 and summary["trials"] > 100
+
+
+def test_the_next_campaign_replays_the_known_findings_first(campaigns):
+    _, _, second = campaigns
+    summary = json.loads(second.stdout)
+    assert sorted(spelled(r) for r in summary["findings"]) == [PAIR, TRIPLE]
+    assert {found["phase"] for found in summary["found"]} == {"replay"}
+
+
+def test_a_fuzz_campaign_writes_the_results_folder_with_one_testcase_per_finding(campaigns):
+    base, _, _ = campaigns
+    out = base / "first"
+    assert {p.name for p in out.iterdir()} >= {"summary.json", "trials.jsonl", "report.md",
+                                                "matrix.html", "junit.xml", "repro"}
+    assert (out / "junit.xml").read_text().count("<testcase ") == 2
+    assert sorted(p.name for p in (out / "repro").iterdir()) == ["001.sh", "002.sh"]
+    lines = (out / "trials.jsonl").read_text().splitlines()
+    assert len(lines) == len({json.dumps(json.loads(line)["sequence"]) for line in lines})
+
+
+def test_the_summary_prints_the_throughput(tmp_path):
+    done = loadfuzz("fuzz", CORPUS, "--select", "libcz_quiet_*", "--budget", "2s",
+                    "--db", tmp_path / "db", "--out", tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    assert "throughput:" in done.stdout and "trials/s" in done.stdout
+
+
+# --- shrinking, on a made-up world where A then B fails -------------------------------
+
+
+def fake_options():
+    return [Step(StepKind.DLOPEN, name, mode) for name in "ABC" for mode in (Flags.LOCAL,
+                                                                           Flags.GLOBAL)]
+
+
+def fake_run(seq):
+    names = [s.lib for s in seq]
+    fails = "A" in names and "B" in names[names.index("A"):]
+    step = names.index("B", names.index("A")) if fails else None
+    return TrialRecord(seq, Outcome.REREGISTER if fails else Outcome.CLEAN, step,
+                       "executorch-reregister" if fails else None, "x::y.out" if fails else None,
+                       6 if fails else None, None, "", 0.0, 0.0, "")
+
+
+def test_simplify_leads_to_the_fewest_steps_earliest_libraries_and_local():
+    options = fake_options()
+    by = {(o.lib, o.flags): o for o in options}
+    seq = (by["C", Flags.GLOBAL], by["A", Flags.GLOBAL], by["C", Flags.LOCAL],
+           by["B", Flags.GLOBAL], by["C", Flags.GLOBAL])
+    minimal = simplify(fake_run(seq), fake_run, options)
+    assert [(s.lib, s.flags) for s in minimal.sequence] == [("A", Flags.LOCAL),
+                                                            ("B", Flags.LOCAL)]
+
+
+def test_python_extensions_can_also_be_imported_and_local_comes_before_global():
+    class Lib:
+        def __init__(self, id, role):
+            self.id, self.role, self.path = id, role, None
+
+    options = step_options([Lib("a.so", Role.RUNTIME), Lib("m.cpython.so", Role.PYTHON_EXTENSION)],
+                           (Flags.GLOBAL, Flags.LOCAL))
+    assert [o.spelling().split(":")[0] for o in options] == ["local", "global", "local",
+                                                             "global", "py"]

@@ -1,0 +1,152 @@
+"""`matrix` verifies both load orders of every pair before a release.
+
+On executorch 1.5.1 plus the legacy plugin, the findings are exactly the
+pairs of the plugin with a library that registers (or loads one that
+registers) the same 21 quantized_decomposed operators:
+
+- `lib/libexecutorch_kernels_quantized.so`, which registers them itself;
+- `kernels/quantized/libquantized_ops_aot_lib.so`, which NEEDs it;
+
+each in both orders and both flags modes (both bind `register_kernels` to
+the one `lib/libexecutorch.so`, so `local` does not help): 2 x 2 x 2 = 8.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import psutil
+import pytest
+from conftest import LEGACY_PLUGIN, LOADFUZZ, ROOT, loadfuzz
+
+
+PLUGIN = "extra/libquantized_ops_legacy_plugin.so"
+HOLDERS = ("lib/libexecutorch_kernels_quantized.so",
+           "kernels/quantized/libquantized_ops_aot_lib.so")
+EXPECT = ROOT / "results" / "expectations" / "executorch.toml"
+SMALL = ("--select", "lib/*", "--select", PLUGIN, "--flags", "global")  # 9 libraries, 72 trials
+
+
+def pair_of(record):
+    first, second = record["sequence"]
+    return first["lib"], second["lib"], first["flags"]
+
+
+def test_the_findings_are_exactly_the_plugin_with_each_holder_of_the_kernels(legacy_matrix):
+    summary, records = legacy_matrix
+    assert summary["trials"] == len(records) == 19 * 18 * 2
+    expected = {(a, b, mode) for holder in HOLDERS for a, b in ((holder, PLUGIN), (PLUGIN, holder))
+                for mode in ("global", "local")}
+    assert {pair_of(r) for r in summary["findings"]} == expected
+    assert {(r["outcome"], r["signature"], r["op"]) for r in summary["findings"]} == {
+        ("reregister", "executorch-reregister", "quantized_decomposed::add.out")}
+    assert all(r["outcome"] == "clean" for r in records if pair_of(r) not in expected)
+
+
+def test_without_expectations_the_findings_are_unexpected_and_the_exit_status_is_1(legacy_matrix):
+    summary, _ = legacy_matrix  # the fixture asserted exit status 1
+    assert len(summary["unexpected"]) == 8 and summary["stale"] == []
+
+
+def test_with_the_expectations_file_the_same_matrix_exits_0(tmp_path):
+    done = loadfuzz("matrix", "executorch", "--add", LEGACY_PLUGIN, "--expect", EXPECT,
+                    "--out", tmp_path / "out", "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert len(summary["findings"]) == 8 and summary["unexpected"] == []
+    assert summary["stale"] == []
+
+
+def test_the_results_folder_holds_every_file_of_the_contract(legacy_matrix):
+    summary, _ = legacy_matrix
+    out = ROOT / summary["out"] if not os.path.isabs(summary["out"]) else summary["out"]
+    names = {p.name for p in __import__("pathlib").Path(out).iterdir()}
+    assert names >= {"summary.json", "trials.jsonl", "report.md", "matrix.html", "junit.xml",
+                     "repro"}
+    junit = (__import__("pathlib").Path(out) / "junit.xml").read_text()
+    assert junit.count("<testcase ") == 19 * 18 * 2 and junit.count("<failure ") == 8
+
+
+def test_the_union_of_three_shards_is_the_whole_matrix(tmp_path):
+    whole = loadfuzz("matrix", "executorch", "--add", LEGACY_PLUGIN, *SMALL,
+                     "--out", tmp_path / "whole", "--json")
+    shards = [loadfuzz("matrix", "executorch", "--add", LEGACY_PLUGIN, *SMALL, "--shard",
+                       f"{k}/3", "--out", tmp_path / f"shard{k}", "--json") for k in (1, 2, 3)]
+    runs = [json.loads(done.stdout) for done in [whole, *shards]]
+    trials = [[json.loads(line)["sequence"] for line in
+               (tmp_path / name / "trials.jsonl").read_text().splitlines()]
+              for name in ("whole", "shard1", "shard2", "shard3")]
+    assert sum(len(t) for t in trials[1:]) == len(trials[0]) == 72
+    assert sorted(map(json.dumps, sum(trials[1:], []))) == sorted(map(json.dumps, trials[0]))
+    assert sorted(pair_of(r) for run in runs[1:] for r in run["findings"]) == sorted(
+        pair_of(r) for r in runs[0]["findings"])
+
+
+def start_matrix(out):
+    return subprocess.Popen([str(LOADFUZZ), "matrix", "executorch", "--add", str(LEGACY_PLUGIN),
+                             "--out", str(out)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_lines(path, count, process):
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        if path.exists() and path.read_bytes().count(b"\n") >= count:
+            return
+        time.sleep(0.01)
+    pytest.fail(f"the campaign did not reach {count} trials")
+
+
+def alive(processes):
+    """The processes still running (a zombie has ended; only its entry waits to be reaped)."""
+    running = []
+    for proc in processes:
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                running.append(proc)
+        except psutil.NoSuchProcess:
+            continue
+    return running
+
+
+def resume_and_check(out):
+    done = loadfuzz("matrix", "executorch", "--add", LEGACY_PLUGIN, "--resume", "--out", out,
+                    "--json")
+    assert done.returncode == 1, done.stderr
+    lines = (out / "trials.jsonl").read_text().splitlines()
+    keys = [json.dumps(json.loads(line)["sequence"]) for line in lines]
+    assert len(keys) == len(set(keys)) == 19 * 18 * 2
+    assert len(json.loads(done.stdout)["findings"]) == 8
+
+
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "sigkill"])
+def test_an_interrupted_campaign_keeps_whole_lines_and_resume_runs_each_trial_once(tmp_path, how):
+    out = tmp_path / "out"
+    campaign = start_matrix(out)
+    wait_for_lines(out / "trials.jsonl", 150, campaign)
+    harnesses = psutil.Process(campaign.pid).children(recursive=True)
+    assert harnesses  # the fork servers and their trials
+    campaign.send_signal(how)
+    status = campaign.wait(timeout=60)
+    assert status == (130 if how == signal.SIGINT else -signal.SIGKILL), campaign.stderr.read()
+    if how == signal.SIGINT:
+        assert "--resume" in campaign.stderr.read()
+    data = (out / "trials.jsonl").read_bytes()
+    for line in data.splitlines()[:-1]:
+        json.loads(line)  # every line but maybe a torn last one is whole
+    deadline = time.monotonic() + 10
+    while alive(harnesses) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert alive(harnesses) == []
+    resume_and_check(out)
+
+
+def test_resume_needs_an_out_folder_and_a_used_out_folder_needs_resume(tmp_path):
+    done = loadfuzz("matrix", "executorch", "--resume")
+    assert done.returncode == 2 and "--resume needs --out" in done.stderr
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "trials.jsonl").write_text("")
+    done = loadfuzz("matrix", "executorch", "--out", tmp_path / "used")
+    assert done.returncode == 2 and "already holds results" in done.stderr
