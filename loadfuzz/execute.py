@@ -9,6 +9,7 @@ nothing preloaded, used for one trial and closed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import shutil
@@ -93,10 +94,8 @@ def kill_tree(pid: int) -> None:
     except psutil.NoSuchProcess:
         return
     for proc in family:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             proc.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
     psutil.wait_procs(family, timeout=5)
 
 
@@ -218,15 +217,11 @@ class Harness:
     def close(self) -> None:
         """Stop the server: EOF on its control pipe, then SIGKILL for anything left."""
         for fd in (self._ctl, self._status):
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
         self._ctl = self._status = -1
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            pass
         kill_tree(self.proc.pid)
         self.proc.wait()
         shutil.rmtree(self.scratch, ignore_errors=True)

@@ -214,7 +214,7 @@ def simplify(record: TrialRecord, run: Callable[[Steps], TrialRecord],
         for i, current in enumerate(seq):
             simpler = [o for o in options[:options.index(current)]
                        if o.lib == current.lib] if current in options else []
-            candidates += [seq[:i] + (o,) + seq[i + 1:] for o in simpler]
+            candidates += [(*seq[:i], o, *seq[i + 1:]) for o in simpler]
         for candidate in candidates:
             tried = run(candidate)
             if same(tried):

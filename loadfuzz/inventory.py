@@ -270,8 +270,9 @@ def parse_facts(path: Path, elf: ELFFile, size: int, host: Machine) -> ElfFacts:
     tags: dict[str, list] = {}
     for tag in dynamic.iter_tags():
         tags.setdefault(tag.entry.d_tag, []).append(tag)
-    split = (lambda name, attr: tuple(
-        part for tag in tags.get(name, ()) for part in getattr(tag, attr).split(":") if part))
+    def split(name, attr):
+        return (tuple(
+            part for tag in tags.get(name, ()) for part in getattr(tag, attr).split(":") if part))
     flags = sum(tag.entry.d_val for tag in tags.get("DT_FLAGS", ()))
     symbols = dynamic_symbols(elf, dynsym)
     defines = frozenset(s.name for s in symbols if s.exported)
@@ -528,8 +529,9 @@ class SearchPath:
 
     def folders(self, requester: ElfFacts) -> Iterator[Path]:
         origin = str(requester.path.parent)
-        expand = (lambda entries: (
-            Path(e.replace("${ORIGIN}", origin).replace("$ORIGIN", origin)) for e in entries))
+        def expand(entries):
+            return (
+                    Path(e.replace("${ORIGIN}", origin).replace("$ORIGIN", origin)) for e in entries)
         if not requester.runpath:
             yield from expand(requester.rpath)
         yield from self.library_path

@@ -20,7 +20,7 @@ from pathlib import Path
 from loadfuzz import hostenv
 from loadfuzz.classify import Signature, classify, load_catalogue
 from loadfuzz.execute import Harness, HarnessDied, HarnessStep, Limits, run_cold
-from loadfuzz.model import Flags, Sequence, StepKind, TrialRecord, Verdict
+from loadfuzz.model import Sequence, StepKind, TrialRecord, Verdict
 
 
 def loadfuzz_command() -> list[str]:
@@ -81,12 +81,15 @@ class Disagreement:
         return {"fast": self.fast.to_json(), "cold": self.cold.to_json()}
 
 
+DEFAULT_LIMITS = Limits()
+
+
 class Trials:
     """Runs sequences and returns their records; safe to call from several threads."""
 
     def __init__(
         self,
-        limits: Limits = Limits(),
+        limits: Limits = DEFAULT_LIMITS,
         needs_python: Callable[[Sequence], bool] = lambda seq: False,
         preload: Iterable[HarnessStep] = (),
         cold: bool = False,
@@ -115,10 +118,7 @@ class Trials:
 
     def _record(self, seq: Sequence, via: str, server: Harness | None) -> TrialRecord:
         steps, prelude = harness_steps(seq, self.needs_python(seq))
-        if server is None:
-            evidence = run_cold(steps, self.limits, prelude)
-        else:
-            evidence = server.run(steps, self.limits, prelude)
+        evidence = run_cold(steps, self.limits, prelude) if server is None else server.run(steps, self.limits, prelude)
         verdict = classify(evidence, self.catalogue)
         return make_record(seq, verdict, evidence.duration_s, evidence.peak_rss_mb,
                            self.limits, via)
@@ -154,6 +154,3 @@ class Trials:
                                         f" {fast.signature or ''} {fast.detail}]".strip())
         return replace(cold, via="fork-server, confirmed cold")
 
-
-def flags_of(seq: Sequence) -> tuple[Flags, ...]:
-    return tuple(dict.fromkeys(step.flags for step in seq))

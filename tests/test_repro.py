@@ -62,7 +62,7 @@ def test_a_collision_reachable_only_through_the_global_scope_needs_three_steps(t
                     "--out", tmp_path / "out", "--json")
     assert done.returncode == 0, done.stderr
     record = json.loads(done.stdout)["record"]
-    assert [(s["lib"], s["flags"]) for s in record["sequence"]][0] == ("libcz_registry.so",
+    assert next((s["lib"], s["flags"]) for s in record["sequence"]) == ("libcz_registry.so",
                                                                        "global")
     assert len(record["sequence"]) == 3
 

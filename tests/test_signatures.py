@@ -1,0 +1,53 @@
+"""Every signature of the catalogue is recognised from a process that produced it.
+
+The fixtures are faithful copies of each library's exact words and way of
+dying (build/fixtures/signatures); each is run for real, on the cold path and
+from the fork server, and must get the same outcome, signature and name.
+"""
+
+import pytest
+from conftest import FIXTURES, step
+
+from loadfuzz.execute import Limits
+from loadfuzz.model import Flags, Outcome, StepKind
+from loadfuzz.trial import Trials
+
+SIG = FIXTURES / "signatures"
+
+
+def twice(name):
+    return [step(SIG / f"libfx_{name}_a.so"), step(SIG / f"libfx_{name}_b.so")]
+
+
+CASES = {
+    "llvm": (twice("llvm"), Outcome.REREGISTER, "llvm-duplicate-option", "fx-opt", 1),
+    "protobuf": (twice("protobuf"), Outcome.REREGISTER, "protobuf-duplicate-file", "fx.proto", 1),
+    "gflags": (twice("gflags"), Outcome.REREGISTER, "gflags-duplicate-flag", "fx_flag", 1),
+    "pybind11": ([step(SIG / "fxdup.cpython-311-x86_64-linux-gnu.so", Flags.LOCAL,
+                       StepKind.IMPORT)],
+                 Outcome.REREGISTER, "pybind11-duplicate-type", "FxType", 0),
+    "static-tls": ([step(SIG / "libfx_static_tls.so")], Outcome.LOAD_ERROR, "glibc-static-tls",
+                   str(SIG / "libfx_static_tls.so"), 0),
+    "symbol-lookup": ([step(SIG / "libfx_symbol_lookup.so")], Outcome.LOAD_ERROR,
+                      "symbol-lookup-error", "fx_not_there", 0),
+    "undefined": ([step(FIXTURES / "hostile" / "libfx_undefined_symbol.so")], Outcome.LOAD_ERROR,
+                  "undefined-symbol", "fx_nowhere", 0),
+}
+
+
+@pytest.fixture(scope="module", params=["cold", "fork-server"])
+def trials(request):
+    with Trials(Limits(timeout_s=5, mem_mb=4096), cold=request.param == "cold") as runner:
+        yield runner
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_signature_is_recognised_with_its_outcome_name_and_step(trials, case):
+    seq, outcome, signature, name, at = CASES[case]
+    record = trials.run(tuple(seq))
+    assert (record.outcome, record.signature, record.op, record.step) == (
+        outcome, signature, name, at), record.detail
+
+
+def test_one_copy_alone_is_clean(trials):
+    assert trials.run((twice("llvm")[0],)).clean
