@@ -1,0 +1,79 @@
+"""Bad input gets one clear line on stderr and exit 2: no traceback, nothing written."""
+
+import pytest
+from conftest import LEGACY_PLUGIN, QUANTIZED, loadfuzz
+
+
+def bad_toml(folder):
+    path = folder / "bad.toml"
+    path.write_text("[[expected]\nfirst = 1\n")
+    return path
+
+
+def unknown_key(folder):
+    path = folder / "unknown.toml"
+    path.write_text('[[expected]]\nfirst = "a"\nsecond = "b"\noutcome = "reregister"\n'
+                    'why = "x"\ncolour = "red"\n')
+    return path
+
+
+def text_so(folder):
+    path = folder / "libtext.so"
+    path.write_text("hello\n")
+    return path
+
+
+CASES = {
+    "missing path": (lambda f: ["matrix", f / "nowhere"], "no such file"),
+    "missing --add": (lambda f: ["matrix", "executorch", "--add", f / "nope.so"], "no such file"),
+    "text --add": (lambda f: ["matrix", "executorch", "--add", text_so(f)], "not an ELF file"),
+    "unknown flags": (lambda f: ["matrix", "executorch", "--flags", "global,lazy"],
+                      "unknown flags mode 'lazy'"),
+    "unknown run prefix flags": (lambda f: ["run", "--flags", "now", QUANTIZED],
+                                 "unknown flags mode"),
+    "bad budget": (lambda f: ["fuzz", "executorch", "--budget", "ten minutes"], "bad --budget"),
+    "zero budget": (lambda f: ["fuzz", "executorch", "--budget", "0s"], "bad --budget"),
+    "bad shard": (lambda f: ["matrix", "executorch", "--shard", "4/3"], "bad --shard"),
+    "shard text": (lambda f: ["fuzz", "executorch", "--shard", "half"], "bad --shard"),
+    "toml error": (lambda f: ["matrix", "executorch", "--expect", bad_toml(f)], "bad.toml"),
+    "unknown key": (lambda f: ["matrix", "executorch", "--expect", unknown_key(f)], "colour"),
+    "select nothing": (lambda f: ["matrix", "executorch", "--select", "nothing/*"],
+                       "matches no library"),
+    "run missing library": (lambda f: ["run", f / "libnope.so"], "no such library"),
+    "repro missing log": (lambda f: ["repro", "--log", f / "no.log", "executorch"], "no.log"),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, case):
+    make, words = CASES[case]
+    folder = tmp_path / "input"
+    folder.mkdir()
+    args = [*make(folder)]
+    if args[0] in ("matrix", "fuzz", "repro"):
+        args += ["--out", tmp_path / "out"]
+    if args[0] == "fuzz":
+        args += ["--db", tmp_path / "db"]
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    done = loadfuzz(*args, cwd=tmp_path)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stderr.startswith("loadfuzz: ") and done.stderr.count("\n") == 1, done.stderr
+    assert words in done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_a_path_with_spaces_newlines_and_non_ascii_is_valid_input(tmp_path):
+    folder = tmp_path / "dossier spécial\nligne deux"
+    folder.mkdir()
+    plugin = folder / "libquantized_ops_legacy_plugin.so"
+    plugin.write_bytes(LEGACY_PLUGIN.read_bytes())
+    done = loadfuzz("matrix", "executorch", "--add", plugin, "--select", "lib/libexecutorch_kernels_q*",
+                    "--select", "extra/*", "--flags", "local", "--out", tmp_path / "out", "--json")
+    assert done.returncode == 1, done.stderr
+    import json
+    summary = json.loads(done.stdout)
+    assert len(summary["findings"]) == 2
+    rerun = __import__("subprocess").run(["sh", "-c", summary["findings"][0]["repro"]],
+                                         capture_output=True, text=True)
+    assert rerun.returncode == 1 and "Re-registering quantized_decomposed::add.out" in rerun.stdout
