@@ -35,13 +35,39 @@ def run_all(trials: Trials, work, jobs: int) -> tuple[float, list]:
     return time.perf_counter() - started, records
 
 
-def floor_per_trial(preload, work, samples: int = 60) -> float:
-    """Median seconds of fork + the trial's dlopens + _exit + wait, after the same preload."""
+def floor_per_trial(choose, inv, work, samples: int = 30) -> float:
+    """Median seconds of fork + the trial's dlopens + _exit + wait, after the same preload.
+
+    Measured in a child process per preload tier (it must not keep libtorch mapped
+    in this one), over the first `samples` trials of each tier, weighted by how
+    many trials of the work each tier takes.
+    """
+    tiers: dict[tuple, list] = {}
+    for seq in work:
+        tiers.setdefault(choose([inv.get(step.lib) for step in seq]), []).append(seq)
+    total = 0.0
+    for preload, seqs in tiers.items():
+        reader, writer = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(reader)
+            median = tier_floor(preload, seqs[:samples])
+            os.write(writer, f"{median}".encode())
+            os._exit(0)
+        os.close(writer)
+        with os.fdopen(reader) as answer:
+            median = float(answer.read())
+        os.waitpid(pid, 0)
+        total += median * len(seqs)
+    return total / len(work)
+
+
+def tier_floor(preload, work) -> float:
     for step in preload:
         ctypes.CDLL(str(step.path), mode=os.RTLD_NOW | (os.RTLD_GLOBAL if step.mode == "g"
                                                          else os.RTLD_LOCAL))
     times = []
-    for seq in work[:samples]:
+    for seq in work:
         began = time.perf_counter()
         pid = os.fork()
         if pid == 0:
@@ -77,12 +103,17 @@ def main(argv: list[str] | None = None) -> int:
           f"{inv.version} ({args.flags}), {args.jobs} jobs", file=sys.stderr)
     with Trials(limits, needs_python, cold=True) as plain:
         plain_s, plain_records = run_all(plain, work, 1)
-    preload = plan.preload_for(libs)
-    with Trials(limits, needs_python, preload=preload) as fast:
+    choose = plan.preload_chooser(libs)
+
+    def preload_of(seq):
+        return choose([inv.get(step.lib) for step in seq])
+
+    with Trials(limits, needs_python, preload=preload_of) as fast:
         fast_s, fast_records = run_all(fast, work, args.jobs)
         disagreements = len(fast.disagreements)
+        preload = fast.preload
     identical = all(same_verdict(a, b) for a, b in zip(plain_records, fast_records, strict=True))
-    floor = floor_per_trial(preload, work)
+    floor = floor_per_trial(choose, inv, work)
     per_trial = fast_s / len(work)
     findings = sum(not r.clean for r in fast_records)
     print(f"plain_s={plain_s:.2f} loadfuzz_s={fast_s:.2f} speedup={plain_s / fast_s:.1f}x "

@@ -178,7 +178,11 @@ def trials_for(inv: inventory.Inventory, libs: Sequence[inventory.Library],
     def needs_python(seq: Sequence[Step]) -> bool:
         return any(inv.get(step.lib).needs_python for step in seq)
 
-    preload = () if args.cold else plan.preload_for(libs)
+    choose = plan.preload_chooser(libs)
+
+    def preload(seq: Sequence[Step]) -> tuple:
+        return () if args.cold else choose([inv.get(step.lib) for step in seq])
+
     return Trials(limits_of(args), needs_python, preload=preload, cold=args.cold)
 
 

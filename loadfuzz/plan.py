@@ -8,7 +8,7 @@ disjoint and their union is the whole.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,3 +98,27 @@ def preload_for(libraries: Sequence[Library]) -> tuple[HarnessStep, ...]:
             seen.add(dep)
             steps.append(HarnessStep("l", dep))
     return tuple(steps)
+
+
+def reaches_torch(lib: Library) -> bool:
+    return any(dep.name.startswith(("libtorch", "libc10")) for dep in lib.external)
+
+
+def preload_chooser(libraries: Sequence[Library]) -> Callable[[Sequence[Library]], tuple[HarnessStep, ...]]:
+    """Two tiers of fork server, and which one a trial forks from.
+
+    A process that has libtorch mapped costs several milliseconds to fork and
+    to tear down; most trials of a runtime library never reach it. So trials
+    whose libraries need neither Python nor torch fork from a light server
+    (only their C++ runtime preloaded); every other trial forks from the heavy
+    one (`preload_for` of all the libraries). Both only ever hold what is not
+    under test.
+    """
+    heavy = preload_for(libraries)
+    light_ids = {lib.id for lib in libraries if not lib.needs_python and not reaches_torch(lib)}
+    light = preload_for([lib for lib in libraries if lib.id in light_ids])
+
+    def choose(trial_libraries: Sequence[Library]) -> tuple[HarnessStep, ...]:
+        return light if all(lib.id in light_ids for lib in trial_libraries) else heavy
+
+    return choose

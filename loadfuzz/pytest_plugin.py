@@ -96,8 +96,10 @@ class PairCheck:
             from loadfuzz.trial import Trials
 
             python = {lib.id for lib in self.libraries if lib.needs_python}
+            choose = plan.preload_chooser(self.libraries)
+            by_id = {lib.id: lib for lib in self.libraries}
             self._trials = Trials(needs_python=lambda seq: any(s.lib in python for s in seq),
-                                  preload=plan.preload_for(self.libraries))
+                                  preload=lambda seq: choose([by_id[s.lib] for s in seq]))
         return self._trials
 
     def covering(self, record: TrialRecord) -> Expectation | None:

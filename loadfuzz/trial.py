@@ -91,18 +91,32 @@ class Trials:
         self,
         limits: Limits = DEFAULT_LIMITS,
         needs_python: Callable[[Sequence], bool] = lambda seq: False,
-        preload: Iterable[HarnessStep] = (),
+        preload: Iterable[HarnessStep] | Callable[[Sequence], tuple[HarnessStep, ...]] = (),
         cold: bool = False,
     ):
+        """`preload`: what every fork server loads first, or a function giving it per trial.
+
+        A function lets a trial fork from a server that preloaded only what that
+        trial's own libraries need (a lighter process forks and exits faster);
+        one pool of servers is kept per distinct preload.
+        """
         self.limits = limits
         self.needs_python = needs_python
-        self.preload = tuple(preload)
+        fixed = tuple(() if callable(preload) else preload)
+        self.preload_of = preload if callable(preload) else (lambda seq: fixed)
         self.cold = cold
         self.catalogue: tuple[Signature, ...] = load_catalogue()
         self.disagreements: list[Disagreement] = []
-        self._idle: queue.SimpleQueue[Harness] = queue.SimpleQueue()
+        self._idle: dict[tuple[HarnessStep, ...], queue.SimpleQueue[Harness]] = {}
         self._all: list[Harness] = []
         self._lock = threading.Lock()
+
+    @property
+    def preload(self) -> tuple[HarnessStep, ...]:
+        """Everything some fork server of this runner preloaded, in first-seen order."""
+        with self._lock:
+            steps = [step for server in self._all for step in server.preload]
+        return tuple(dict.fromkeys(steps))
 
     def __enter__(self) -> Trials:
         return self
@@ -126,11 +140,13 @@ class Trials:
     def run_cold(self, seq: Sequence) -> TrialRecord:
         return self._record(seq, "cold", None)
 
-    def _server(self) -> Harness:
+    def _server(self, preload: tuple[HarnessStep, ...]) -> Harness:
+        with self._lock:
+            idle = self._idle.setdefault(preload, queue.SimpleQueue())
         try:
-            return self._idle.get_nowait()
+            return idle.get_nowait()
         except queue.Empty:
-            server = Harness(self.preload)
+            server = Harness(preload)
             with self._lock:
                 self._all.append(server)
             return server
@@ -138,12 +154,13 @@ class Trials:
     def run(self, seq: Sequence) -> TrialRecord:
         if self.cold:
             return self.run_cold(seq)
-        server = self._server()
+        preload = tuple(self.preload_of(seq))
+        server = self._server(preload)
         try:
             fast = self._record(seq, "fork-server", server)
         except HarnessDied:  # the server, not the trial, failed: the cold path decides
             return self.run_cold(seq)
-        self._idle.put(server)
+        self._idle[preload].put(server)
         if fast.clean:
             return fast
         cold = self.run_cold(seq)
