@@ -226,6 +226,9 @@ def print_summary(summary: dict, as_json: bool) -> None:
         seq = " -> ".join(f"{s['lib']}@{s['flags']}" for s in record["sequence"])
         what = record["signature"] or record["outcome"]
         print(f"  {mark} {record['outcome']:<10} {seq}  [{what}{' ' + record['op'] if record['op'] else ''}]")
+    for entry in summary.get("interposition", []):
+        print(f"  flags matter: {entry['first']} -> {entry['second']}: global {entry['global']}, "
+              f"local {entry['local']}; both define {', '.join(entry['shared_symbols']) or '-'}")
     for entry in summary["stale"]:
         print(f"  stale expectation: {entry['first']} x {entry['second']} ({entry['source']})")
     print(f"report: {Path(summary['out']) / 'report.md'}  (matrix.html, junit.xml, repro/)")
@@ -317,6 +320,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
             records = run_work(work, trials, folder, args.jobs,
                                Progress(len(work), "matrix"))
             findings = [r for r in records if not r.clean]
+            campaign.extra["interposition"] = predict.interposition(inv, records)
             summary = summarize(campaign, records, findings, trials, started,
                                 time.monotonic() - clock)
     except KeyboardInterrupt:

@@ -105,20 +105,22 @@ def reaches_torch(lib: Library) -> bool:
 
 
 def preload_chooser(libraries: Sequence[Library]) -> Callable[[Sequence[Library]], tuple[HarnessStep, ...]]:
-    """Two tiers of fork server, and which one a trial forks from.
+    """Three tiers of fork server, and which one a trial forks from.
 
     A process that has libtorch mapped costs several milliseconds to fork and
-    to tear down; most trials of a runtime library never reach it. So trials
-    whose libraries need neither Python nor torch fork from a light server
-    (only their C++ runtime preloaded); every other trial forks from the heavy
-    one (`preload_for` of all the libraries). Both only ever hold what is not
-    under test.
+    to tear down; most trials never reach it. So a trial forks from the
+    lightest server that holds what its libraries need: *light* (only their
+    C++ runtime) when none needs Python or torch, *python* (libpython too) when
+    none reaches torch, else *heavy* (`preload_for` of all the libraries).
+    Every tier only ever holds what is not under test.
     """
-    heavy = preload_for(libraries)
-    light_ids = {lib.id for lib in libraries if not lib.needs_python and not reaches_torch(lib)}
-    light = preload_for([lib for lib in libraries if lib.id in light_ids])
+    def tier(lib: Library) -> int:
+        return 2 if reaches_torch(lib) else 1 if lib.needs_python else 0
+
+    preloads = [preload_for([lib for lib in libraries if tier(lib) <= level]) for level in range(3)]
+    tiers = {lib.id: tier(lib) for lib in libraries}
 
     def choose(trial_libraries: Sequence[Library]) -> tuple[HarnessStep, ...]:
-        return light if all(lib.id in light_ids for lib in trial_libraries) else heavy
+        return preloads[max((tiers.get(lib.id, 2) for lib in trial_libraries), default=0)]
 
     return choose

@@ -26,8 +26,8 @@ import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from loadfuzz.inventory import REGISTRY_BY_NAME, ElfFacts, Inventory, Library
-from loadfuzz.model import Flags, Outcome, Step, StepKind
+from loadfuzz.inventory import LOADER_HOOKS, REGISTRY_BY_NAME, STD_PREFIXES, ElfFacts, Inventory, Library
+from loadfuzz.model import Flags, Outcome, Step, StepKind, TrialRecord
 
 
 @dataclass(frozen=True)
@@ -151,6 +151,28 @@ def predict(inv: Inventory, libraries: Iterable[Library] | None = None,
     return tuple(p for p in found if not p.clean)
 
 
-def shared_definitions(first: ElfFacts, second: ElfFacts, limit: int = 5) -> tuple[str, ...]:
-    """Exported symbols both define: what `global` lets one library take from the other."""
-    return tuple(sorted(first.defines & second.defines)[:limit])
+def shared_definitions(first: ElfFacts, second: ElfFacts, limit: int = 8) -> tuple[str, ...]:
+    """Exported symbols both define (not the C++ library's): what `global` lets one take from the other."""
+    both = {name for name in first.defines & second.defines
+            if not name.startswith(STD_PREFIXES) and name not in LOADER_HOOKS}
+    return tuple(sorted(both)[:limit])
+
+
+def interposition(inv: Inventory, records: Iterable[TrialRecord]) -> list[dict]:
+    """Pairs whose outcome differs between `global` and `local`, with the symbols both define.
+
+    Those symbols are why the flags matter: under `global` the second library's
+    calls to them bind to the first library's copy.
+    """
+    modes: dict[tuple[str, str], dict[str, str]] = {}
+    for record in records:
+        if len(record.sequence) == 2 and record.sequence[0].flags is record.sequence[1].flags:
+            pair = (record.sequence[0].lib, record.sequence[1].lib)
+            modes.setdefault(pair, {})[record.sequence[0].flags.value] = record.outcome.value
+    found = []
+    for (first, second), outcomes in sorted(modes.items()):
+        if len(outcomes) == 2 and len(set(outcomes.values())) == 2:
+            facts = [inv.link_map.files[inv.get(lib).path] for lib in (first, second)]
+            found.append({"first": first, "second": second, **outcomes,
+                          "shared_symbols": list(shared_definitions(*facts))})
+    return found

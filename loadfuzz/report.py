@@ -317,6 +317,18 @@ def _markdown(campaign: _Campaign) -> str:
         lines.append("None.")
     lines.append("")
 
+    interposed = summary.get("interposition", [])
+    if interposed:
+        lines += [f"## Where the flags matter ({len(interposed)})", "",
+                  "Pairs whose outcome differs between `global` and `local`, and the exported "
+                  "symbols both define: under `global` the second library's calls to them bind "
+                  "to the first library's copy.", ""]
+        lines += [f"- {_md_code(e['first'])} then {_md_code(e['second'])}: global "
+                  f"{e['global']}, local {e['local']}; both define "
+                  + (", ".join(_md_code(name) for name in e["shared_symbols"]) or "nothing exported")
+                  for e in interposed]
+        lines.append("")
+
     disagreements = summary.get("disagreements", [])
     if disagreements:
         lines += [f"## Disagreements ({len(disagreements)})", ""]

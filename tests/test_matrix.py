@@ -150,3 +150,19 @@ def test_resume_needs_an_out_folder_and_a_used_out_folder_needs_resume(tmp_path)
     (tmp_path / "used" / "trials.jsonl").write_text("")
     done = loadfuzz("matrix", "executorch", "--out", tmp_path / "used")
     assert done.returncode == 2 and "already holds results" in done.stderr
+
+
+def test_a_pair_that_only_fails_under_global_names_the_symbols_both_define(tmp_path):
+    done = loadfuzz("matrix", ROOT / "build" / "fixtures" / "interpose", "--out", tmp_path / "out",
+                    "--json")
+    assert done.returncode == 1, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["interposition"] == [{"first": "libfx_hook_first.so",
+                                         "second": "libfx_hook_second.so", "global": "abort",
+                                         "local": "clean", "shared_symbols": ["fx_hook"]}]
+    assert "## Where the flags matter (1)" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_the_wheel_has_no_pair_where_the_flags_alone_decide(legacy_matrix):
+    summary, _ = legacy_matrix
+    assert summary["interposition"] == []

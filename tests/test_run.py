@@ -168,3 +168,15 @@ def test_trials_do_not_inherit_ld_preload(monkeypatch):
     with Trials(LIMITS, cold=True) as runner:
         record = runner.run((step(CLEAN),))
     assert record.outcome is Outcome.CLEAN
+
+
+@pytest.mark.parametrize("cold", [True, False], ids=["cold", "fork-server"])
+@pytest.mark.parametrize("second", [QUANTIZED, AOT], ids=["kernels", "aot-lib"])
+def test_the_seed_pair_is_classified_the_same_cold_and_from_the_fork_server(cold, second):
+    # the export plugin's closure has libtorch_python: it needs libpython, as a Python process has
+    with Trials(LIMITS, needs_python=lambda seq: second == AOT, cold=cold) as runner:
+        record = runner.run((step(LEGACY_PLUGIN), step(second)))
+        assert runner.disagreements == []
+    assert (record.outcome, record.signature, record.op, record.step) == (
+        Outcome.REREGISTER, "executorch-reregister", "quantized_decomposed::add.out", 1)
+    assert record.via == ("cold" if cold else "fork-server, confirmed cold")
