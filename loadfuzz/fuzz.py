@@ -104,11 +104,9 @@ class Fuzzer:
     """One campaign's search state (mutable, owned by `command`)."""
 
     inv: Inventory
-    libs: tuple[Library, ...]
     trials: Trials
     folder: ResultsFolder
     options: list[Step]
-    deadline: float
     progress: Progress
     runs: dict[tuple, TrialRecord] = field(default_factory=dict)
     found: dict[Identity, TrialRecord] = field(default_factory=dict)
@@ -273,8 +271,7 @@ def command(args: argparse.Namespace) -> int:
     rounds = 0
     try:
         with cli.trials_for(inv, libs, args) as trials:
-            fuzzer = Fuzzer(inv, libs, trials, folder, options, budget_end,
-                            Progress(0, "fuzz"))
+            fuzzer = Fuzzer(inv, trials, folder, options, Progress(0, "fuzz"))
             in_shard = [seq for seq in replayable(inv, db) if seq[0].lib in first_libs]
             predicted = [p.sequence for p in predict.predict(inv, libs, args.flags)
                          if p.sequence[0].lib in first_libs]
