@@ -51,6 +51,9 @@ def floor_per_trial(choose, inv, work, samples: int = 30) -> float:
         pid = os.fork()
         if pid == 0:
             os.close(reader)
+            quiet = os.open(os.devnull, os.O_WRONLY)  # what the libraries print is not the bench's
+            os.dup2(quiet, 1)
+            os.dup2(quiet, 2)
             median = tier_floor(preload, seqs[:samples])
             os.write(writer, f"{median}".encode())
             os._exit(0)
