@@ -26,8 +26,8 @@ CASES = {
     "pybind11": ([step(SIG / "fxdup.cpython-311-x86_64-linux-gnu.so", Flags.LOCAL,
                        StepKind.IMPORT)],
                  Outcome.REREGISTER, "pybind11-duplicate-type", "FxType", 0),
-    "static-tls": ([step(SIG / "libfx_static_tls.so")], Outcome.LOAD_ERROR, "glibc-static-tls",
-                   str(SIG / "libfx_static_tls.so"), 0),
+    "static-tls": (twice("static_tls"), Outcome.LOAD_ERROR, "glibc-static-tls",
+                   str(SIG / "libfx_static_tls_b.so"), 1),
     "symbol-lookup": ([step(SIG / "libfx_symbol_lookup.so")], Outcome.LOAD_ERROR,
                       "symbol-lookup-error", "fx_not_there", 0),
     "undefined": ([step(FIXTURES / "hostile" / "libfx_undefined_symbol.so")], Outcome.LOAD_ERROR,
@@ -49,5 +49,7 @@ def test_the_signature_is_recognised_with_its_outcome_name_and_step(trials, case
         outcome, signature, name, at), record.detail
 
 
-def test_one_copy_alone_is_clean(trials):
-    assert trials.run((twice("llvm")[0],)).clean
+@pytest.mark.parametrize("name", ["llvm", "protobuf", "gflags", "static_tls"])
+def test_either_copy_alone_is_clean(trials, name):
+    first, second = twice(name)
+    assert trials.run((first,)).clean and trials.run((second,)).clean
