@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,8 +120,8 @@ def command(args: argparse.Namespace) -> int:
     message = read_message(message_of(args))
     inv = cli.load_inventory(args)
     candidates = candidates_of(inv, message)
-    out = args.out or default_out(inv.name, inv.version).with_name(
-        default_out(inv.name, inv.version).name + "-repro")
+    stamped = default_out(inv.name, inv.version)
+    out = args.out or stamped.with_name(f"{stamped.name}-repro")
     folder = ResultsFolder(out, False, inv.locate)
     tried = 0
     found: TrialRecord | None = None
@@ -164,7 +163,7 @@ def print_result(result: dict, as_json: bool, inv: Inventory) -> None:
     what = f"{result['signature']} {result['op']}" if result["signature"] else "an unknown line"
     print(f"message: {result['message']}  [{what}]")
     if not result["candidates"]:
-        print(f"not reproduced: no library of {inv.target} carries {result['op']}", file=sys.stdout)
+        print(f"not reproduced: no library of {inv.target} carries {result['op']}")
         return
     print(f"candidates: {', '.join(result['candidates'])}")
     record = result["record"]
