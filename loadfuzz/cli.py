@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from loadfuzz import inventory, plan, predict, scan
+from loadfuzz import api, inventory, plan, predict, scan
 from loadfuzz.campaign import (
     Campaign,
     Progress,
@@ -29,7 +29,7 @@ from loadfuzz.campaign import (
 )
 from loadfuzz.execute import Limits
 from loadfuzz.expect import Expectation, load_expectations
-from loadfuzz.model import Flags, Outcome, Step, StepKind, TrialRecord, UsageError
+from loadfuzz.model import Flags, Outcome, Step, TrialRecord, UsageError
 from loadfuzz.trial import Trials
 
 EXAMPLES = {
@@ -247,23 +247,6 @@ def cmd_scan(args: argparse.Namespace) -> int:
     return 0
 
 
-def parse_step(text: str, default: Flags, inv: inventory.Inventory | None) -> tuple[Step, Path]:
-    kind, flags, rest = StepKind.DLOPEN, default, text
-    prefix, sep, tail = text.partition(":")
-    if sep and prefix in ("global", "local", "py"):
-        rest = tail
-        if prefix == "py":
-            kind, flags = StepKind.IMPORT, Flags.LOCAL
-        else:
-            flags = Flags(prefix)
-    if inv is not None and rest in {lib.id for lib in inv.libraries}:
-        return Step(kind, rest, flags, inv.locate(rest)), inv.locate(rest)
-    path = Path(rest).absolute()
-    if not path.is_file():
-        raise UsageError(f"no such library: {rest}")
-    return Step(kind, str(path), flags, path), path
-
-
 def describe_run(record: TrialRecord) -> str:
     lines = []
     for index, step in enumerate(record.sequence):
@@ -284,15 +267,11 @@ def describe_run(record: TrialRecord) -> str:
 
 def cmd_run(args: argparse.Namespace) -> int:
     inv = inventory.load_target(args.target) if args.target else None
-    parsed = [parse_step(text, args.flags[0], inv) for text in args.steps]
-    seq = tuple(step for step, _ in parsed)
-    if inv is None:  # plain paths: read them as a target of their own
-        inv = inventory.load_libraries([path for _, path in parsed])
-        seq = tuple(Step(s.kind, s.lib, s.flags, s.path) for s in seq)
-    lookup = {lib.path.resolve(): lib for lib in inv.libraries}
+    seq = tuple(api.parse_step(text, args.flags[0], inv) for text in args.steps)
+    python = api.needing_python(seq, inv)
 
     def needs_python(steps: Sequence[Step]) -> bool:
-        return any(getattr(lookup.get(s.path.resolve()), "needs_python", False) for s in steps)
+        return any(step.path.resolve() in python for step in steps)
 
     with Trials(limits_of(args), needs_python, cold=True) as trials:
         record = trials.run(seq)
