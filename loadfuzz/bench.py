@@ -35,7 +35,7 @@ def run_all(trials: Trials, work, jobs: int) -> tuple[float, list]:
     return time.perf_counter() - started, records
 
 
-def floor_per_trial(choose, inv, work, samples: int = 30) -> float:
+def floor_per_trial(preload_of, work, samples: int = 30) -> float:
     """Median seconds of fork + the trial's dlopens + _exit + wait, after the same preload.
 
     Measured in a child process per preload tier (it must not keep libtorch mapped
@@ -44,7 +44,7 @@ def floor_per_trial(choose, inv, work, samples: int = 30) -> float:
     """
     tiers: dict[tuple, list] = {}
     for seq in work:
-        tiers.setdefault(choose([inv.get(step.lib) for step in seq]), []).append(seq)
+        tiers.setdefault(preload_of(seq), []).append(seq)
     total = 0.0
     for preload, seqs in tiers.items():
         reader, writer = os.pipe()
@@ -99,24 +99,17 @@ def main(argv: list[str] | None = None) -> int:
     work = plan.pairs([(lib.id, lib.path) for lib in libs], Flags.parse_list(args.flags))
     limits = Limits()
 
-    def needs_python(seq) -> bool:
-        return any(inv.get(step.lib).needs_python for step in seq)
-
+    needs_python, preload_of = plan.trial_hooks(libs)
     print(f"bench: {len(work)} ordered pairs of {len(libs)} libraries in {inv.target} "
           f"{inv.version} ({args.flags}), {args.jobs} jobs", file=sys.stderr)
     with Trials(limits, needs_python, cold=True) as plain:
         plain_s, plain_records = run_all(plain, work, 1)
-    choose = plan.preload_chooser(libs)
-
-    def preload_of(seq):
-        return choose([inv.get(step.lib) for step in seq])
-
     with Trials(limits, needs_python, preload=preload_of) as fast:
         fast_s, fast_records = run_all(fast, work, args.jobs)
         disagreements = len(fast.disagreements)
         preload = fast.preload
     identical = all(same_verdict(a, b) for a, b in zip(plain_records, fast_records, strict=True))
-    floor = floor_per_trial(choose, inv, work)
+    floor = floor_per_trial(preload_of, work)
     per_trial = fast_s / len(work)
     findings = sum(not r.clean for r in fast_records)
     print(f"plain_s={plain_s:.2f} loadfuzz_s={fast_s:.2f} speedup={plain_s / fast_s:.1f}x "

@@ -175,15 +175,9 @@ def limits_of(args: argparse.Namespace) -> Limits:
 
 def trials_for(inv: inventory.Inventory, libs: Sequence[inventory.Library],
                args: argparse.Namespace) -> Trials:
-    def needs_python(seq: Sequence[Step]) -> bool:
-        return any(inv.get(step.lib).needs_python for step in seq)
-
-    choose = plan.preload_chooser(libs)
-
-    def preload(seq: Sequence[Step]) -> tuple:
-        return () if args.cold else choose([inv.get(step.lib) for step in seq])
-
-    return Trials(limits_of(args), needs_python, preload=preload, cold=args.cold)
+    needs_python, preload = plan.trial_hooks(inv.libraries, libs)
+    return Trials(limits_of(args), needs_python, preload=() if args.cold else preload,
+                  cold=args.cold)
 
 
 def expectations_of(args: argparse.Namespace) -> tuple[Expectation, ...]:

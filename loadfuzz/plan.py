@@ -104,6 +104,22 @@ def reaches_torch(lib: Library) -> bool:
     return any(dep.name.startswith(("libtorch", "libc10")) for dep in lib.external)
 
 
+def trial_hooks(libraries: Sequence[Library], selected: Sequence[Library] | None = None,
+                ) -> tuple[Callable[[Steps], bool], Callable[[Steps], tuple[HarnessStep, ...]]]:
+    """What `Trials` asks about a sequence of these libraries (steps by id): whether it needs
+    libpython loaded first, and what its fork server preloads (tiers from `selected`)."""
+    by_id = {lib.id: lib for lib in libraries}
+    choose = preload_chooser(libraries if selected is None else selected)
+
+    def needs_python(seq: Steps) -> bool:
+        return any(by_id[step.lib].needs_python for step in seq)
+
+    def preload(seq: Steps) -> tuple[HarnessStep, ...]:
+        return choose([by_id[step.lib] for step in seq])
+
+    return needs_python, preload
+
+
 def preload_chooser(libraries: Sequence[Library]) -> Callable[[Sequence[Library]], tuple[HarnessStep, ...]]:
     """Three tiers of fork server, and which one a trial forks from.
 

@@ -95,11 +95,8 @@ class PairCheck:
             from loadfuzz import plan
             from loadfuzz.trial import Trials
 
-            python = {lib.id for lib in self.libraries if lib.needs_python}
-            choose = plan.preload_chooser(self.libraries)
-            by_id = {lib.id: lib for lib in self.libraries}
-            self._trials = Trials(needs_python=lambda seq: any(s.lib in python for s in seq),
-                                  preload=lambda seq: choose([by_id[s.lib] for s in seq]))
+            needs_python, preload = plan.trial_hooks(self.libraries)
+            self._trials = Trials(needs_python=needs_python, preload=preload)
         return self._trials
 
     def covering(self, record: TrialRecord) -> Expectation | None:
