@@ -133,6 +133,25 @@ def run_work(work: Sequence[Steps], trials: Trials, folder: ResultsFolder, jobs:
     return [results[sequence_key(seq)] for seq in work]
 
 
+class RunOnce:
+    """Runs each distinct sequence once per campaign and appends its record to the folder:
+    a search (fuzz's rounds, repro's orders, shrinking) asks for the same sequence often."""
+
+    def __init__(self, trials: Trials, folder: ResultsFolder, progress: Progress | None = None):
+        self.trials, self.folder, self.progress = trials, folder, progress
+        self.runs: dict[tuple, TrialRecord] = {}
+
+    def __call__(self, seq: Steps) -> TrialRecord:
+        key = sequence_key(seq)
+        if key not in self.runs:
+            record = self.trials.run(seq)
+            self.folder.append(record)
+            self.runs[key] = record
+            if self.progress is not None:
+                self.progress.update(record)
+        return self.runs[key]
+
+
 @dataclass(frozen=True)
 class Campaign:
     """What a campaign was asked to do; the summary says what it found."""

@@ -42,6 +42,7 @@ from loadfuzz.campaign import (
     Campaign,
     Progress,
     ResultsFolder,
+    RunOnce,
     default_out,
     exit_status,
     run_work,
@@ -53,7 +54,6 @@ from loadfuzz.campaign import (
 from loadfuzz.inventory import Inventory, Library
 from loadfuzz.model import Flags, Role, Step, StepKind, TrialRecord, UsageError
 from loadfuzz.model import Sequence as Steps
-from loadfuzz.trial import Trials
 
 ROUND_EXAMPLES = 150  # examples per Hypothesis round; the budget is checked between rounds
 
@@ -104,26 +104,12 @@ class Fuzzer:
     """One campaign's search state (mutable, owned by `command`)."""
 
     inv: Inventory
-    trials: Trials
-    folder: ResultsFolder
+    run: RunOnce  # every trial of the campaign goes through it
     options: list[Step]
-    progress: Progress
-    runs: dict[tuple, TrialRecord] = field(default_factory=dict)
     found: dict[Identity, TrialRecord] = field(default_factory=dict)
     origins: dict[Identity, tuple[str, float]] = field(default_factory=dict)
     failure_types: dict[tuple, type] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
-
-    def run(self, seq: Steps) -> TrialRecord:
-        """A trial's record, run once per distinct sequence in a campaign."""
-        key = sequence_key(seq)
-        if key not in self.runs:
-            record = self.folder.done.get(key) or self.trials.run(seq)
-            if key not in self.folder.done:
-                self.folder.append(record)
-            self.runs[key] = record
-            self.progress.update(record)
-        return self.runs[key]
 
     def keep(self, record: TrialRecord, phase: str) -> None:
         """Simplify a failing record and keep it unless its identity is already known."""
@@ -271,21 +257,23 @@ def command(args: argparse.Namespace) -> int:
     rounds = 0
     try:
         with cli.trials_for(inv, libs, args) as trials:
-            fuzzer = Fuzzer(inv, trials, folder, options, Progress(0, "fuzz"))
+            progress = Progress(0, "fuzz")
+            fuzzer = Fuzzer(inv, RunOnce(trials, folder, progress), options)
+            runs = fuzzer.run.runs
             in_shard = [seq for seq in replayable(inv, db) if seq[0].lib in first_libs]
             predicted = [p.sequence for p in predict.predict(inv, libs, args.flags)
                          if p.sequence[0].lib in first_libs]
             for phase, work in (("replay", in_shard), ("predicted", predicted)):
-                work = [seq for seq in work if sequence_key(seq) not in fuzzer.runs]
-                records = run_work(work, trials, folder, args.jobs, fuzzer.progress)
-                fuzzer.runs.update((record.key(), record) for record in records)
+                work = [seq for seq in work if sequence_key(seq) not in runs]
+                records = run_work(work, trials, folder, args.jobs, progress)
+                runs.update((record.key(), record) for record in records)
                 for record in records:
                     if not record.clean:
                         fuzzer.keep(record, phase)
             while time.monotonic() < budget_end and first:
                 fuzzer.search_round(rounds, base_seed, first, args.max_len)
                 rounds += 1
-            fuzzer.progress.finish()
+            progress.finish()
             findings = sorted(fuzzer.found.values(), key=lambda r: simplicity(r.sequence, options))
             for record in findings:
                 remember(inv, db, record)
@@ -295,14 +283,14 @@ def command(args: argparse.Namespace) -> int:
                 found=[{"sequence": [s.to_json() for s in r.sequence],
                         "phase": fuzzer.origins[Identity.of(r)][0],
                         "after_s": fuzzer.origins[Identity.of(r)][1]} for r in findings])
-            summary = summarize(campaign, fuzzer.runs.values(), findings, trials, started,
+            summary = summarize(campaign, runs.values(), findings, trials, started,
                                 elapsed)
     except KeyboardInterrupt:
         print(f"interrupted: the trials run so far are in {folder.trials_path}", file=sys.stderr)
         return 130
     finally:
         folder.close()
-    write_results(folder, summary, list(fuzzer.runs.values()), per="finding")
+    write_results(folder, summary, list(runs.values()), per="finding")
     cli.print_summary(summary, args.json)
     return exit_status(summary)
 

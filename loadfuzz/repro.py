@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loadfuzz import cli, predict, report
-from loadfuzz.campaign import ResultsFolder, default_out
+from loadfuzz.campaign import ResultsFolder, RunOnce, default_out
 from loadfuzz.classify import load_catalogue
 from loadfuzz.fuzz import simplify, step_options
 from loadfuzz.inventory import Inventory, Library
@@ -128,15 +128,7 @@ def command(args: argparse.Namespace) -> int:
     folder.open()
     try:
         with cli.trials_for(inv, candidates or inv.libraries, args) as trials:
-            runs: dict[tuple, TrialRecord] = {}
-
-            def run(seq: Steps) -> TrialRecord:
-                key = tuple((s.kind.value, s.lib, s.flags.value) for s in seq)
-                if key not in runs:
-                    runs[key] = trials.run(seq)
-                    folder.append(runs[key])
-                return runs[key]
-
+            run = RunOnce(trials, folder)
             for seq in itertools.islice(orders(inv, candidates), MOST_TRIALS) if candidates else ():
                 tried += 1
                 record = run(seq)
