@@ -21,6 +21,21 @@
  *              <out_total> <head_len> <tail_len> <err_len> <leftovers>\n
  *              <head bytes><tail bytes><err bytes>   after every trial
  *
+ * Prefix sharing, for trials that begin with the same steps (a matrix row):
+ *
+ *   parent -> server:  PREFIX ... (the same shape as TRIAL: the shared steps)
+ *   server -> parent:  ROW <pid> <out_total> <head_len> <tail_len>\n<head><tail>
+ *                        a row server, forked from this one, did the steps and
+ *                        now serves TRIAL messages (the steps after the prefix;
+ *                        `started` and `done` count those) until END\n;
+ *                        what the prefix printed comes here, once
+ *                      NO-ROW <len>\n<why>
+ *                        instead, when a step failed or left the process in a
+ *                        state a fork would not copy (a thread, a child, a timer,
+ *                        a pending signal, a changed or non-empty working
+ *                        folder, the server's pipes touched): run them one by one
+ *   parent -> server:  END\n      the row server exits; its server serves again
+ *
  * The step trace (which step started, which finished, the dlerror text) lives
  * in a page shared between server and child, so nothing a library does to its
  * file descriptors can lose or forge it; the child closes the server's pipes
@@ -45,6 +60,8 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -55,8 +72,11 @@
 #define TAIL_CAP (48 * 1024)
 #define ERR_CAP 2048
 
+enum { ROW_PENDING, ROW_READY, ROW_REFUSED };
+
 struct trace { /* written by the child, read by the server */
     volatile int started, done;
+    volatile int row; /* a row server's prefix: ROW_PENDING, ROW_READY or ROW_REFUSED */
     volatile int64_t stamp_ns; /* when the current step (or the exit) began */
     char err[ERR_CAP];
 };
@@ -81,7 +101,9 @@ static int64_t now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-static void die(const char *what) { perror(what); exit(111); }
+/* _exit, never exit: a server must not run the destructors of what it preloaded,
+ * and a row server must not flush the stdio buffers its prefix filled. */
+static void die(const char *what) { perror(what); _exit(111); }
 
 /* ---- reading the parent's messages ------------------------------------- */
 
@@ -117,34 +139,39 @@ static void free_trial(struct trial *t) {
     t->workdir = NULL;
 }
 
-/* 1 = a trial was read, 0 = the parent closed the pipe, -1 = a malformed message */
-static int read_trial(int fd, struct trial *t) {
-    char line[256];
+enum message { MSG_BAD = -1, MSG_EOF, MSG_TRIAL, MSG_PREFIX, MSG_END };
+
+/* Read one message; TRIAL and PREFIX fill `t`. */
+static enum message read_message(int fd, struct trial *t) {
+    char line[256], kind[8];
     size_t wlen;
-    if (read_line(fd, line, sizeof line) < 0) return 0;
-    if (sscanf(line, "TRIAL %ld %ld %d %d %zu", &t->timeout_ms, &t->mem_mb, &t->at_exit,
-               &t->nsteps, &wlen) != 5
-        || t->nsteps < 0 || t->nsteps > MAX_STEPS) return -1;
+    if (read_line(fd, line, sizeof line) < 0) return MSG_EOF;
+    if (!strcmp(line, "END")) return MSG_END;
+    if (sscanf(line, "%7s %ld %ld %d %d %zu", kind, &t->timeout_ms, &t->mem_mb, &t->at_exit,
+               &t->nsteps, &wlen) != 6
+        || (strcmp(kind, "TRIAL") && strcmp(kind, "PREFIX"))
+        || t->nsteps < 0 || t->nsteps > MAX_STEPS) return MSG_BAD;
+    enum message got = kind[0] == 'T' ? MSG_TRIAL : MSG_PREFIX;
     int want = t->nsteps;
     t->nsteps = 0;
-    if (!(t->workdir = read_blob(fd, wlen))) return -1;
+    if (!(t->workdir = read_blob(fd, wlen))) return MSG_BAD;
     for (int i = 0; i < want; i++) {
         size_t plen;
         char mode;
         if (read_line(fd, line, sizeof line) < 0 || sscanf(line, "%c %zu", &mode, &plen) != 2
-            || !strchr("glp", mode)) return -1;
+            || !strchr("glp", mode)) return MSG_BAD;
         t->steps[i].mode = mode;
-        if (!(t->steps[i].path = read_blob(fd, plen))) return -1;
+        if (!(t->steps[i].path = read_blob(fd, plen))) return MSG_BAD;
         t->nsteps = i + 1;
     }
-    return 1;
+    return got;
 }
 
 static void write_all(int fd, const char *buf, size_t len) {
     while (len > 0) {
         ssize_t n = write(fd, buf, len);
         if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) exit(0); /* the parent is gone: nothing left to serve */
+        if (n <= 0) _exit(0); /* the parent is gone: nothing left to serve */
         buf += n; len -= (size_t)n;
     }
 }
@@ -184,13 +211,20 @@ static int import_module(const char *path, struct trace *tr) {
     return 0;
 }
 
-static void run_child(const struct trial *t, struct trace *tr, int out_w) {
+/* What every trial starts from: stdin from /dev/null, stdout and stderr on the
+ * capture pipe, no other descriptor (a row server keeps its pipes, as 3 and 4),
+ * its limits and its own working folder. */
+static void enter_trial(const struct trial *t, struct trace *tr, int out_w, int ctl, int status) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
-    signal(SIGPIPE, SIG_DFL);
     setpgid(0, 0);
     int null = open("/dev/null", O_RDONLY);
+    int keep = ctl >= 0;
+    if (keep) { ctl = fcntl(ctl, F_DUPFD, 10); status = fcntl(status, F_DUPFD, 10); }
     if (null < 0 || dup2(null, 0) < 0 || dup2(out_w, 1) < 0 || dup2(out_w, 2) < 0) _exit(112);
-    close_range(3, ~0U, 0); /* the server's pipes and everything else it holds */
+    if (keep && (ctl < 0 || status < 0 || dup2(ctl, 3) < 0 || dup2(status, 4) < 0
+                 || fcntl(3, F_SETFD, FD_CLOEXEC) < 0 || fcntl(4, F_SETFD, FD_CLOEXEC) < 0))
+        _exit(112);
+    close_range(keep ? 5 : 3, ~0U, 0); /* the server's pipes and everything else it holds */
     struct rlimit core = {0, 0};
     setrlimit(RLIMIT_CORE, &core);
     if (t->mem_mb > 0) {
@@ -198,19 +232,29 @@ static void run_child(const struct trial *t, struct trace *tr, int out_w) {
         setrlimit(RLIMIT_AS, &as);
     }
     if (chdir(t->workdir) < 0) { set_error(tr, "cannot enter the working folder"); _exit(113); }
+}
+
+/* Take the steps, keeping the trace; 0 once all are done, -1 when one failed. */
+static int take_steps(const struct trial *t, struct trace *tr) {
     for (int i = 0; i < t->nsteps; i++) {
         const struct step *s = &t->steps[i];
         tr->stamp_ns = now_ns();
         tr->started = i + 1;
         if (s->mode == 'p') {
-            if (import_module(s->path, tr) < 0) _exit(0);
+            if (import_module(s->path, tr) < 0) return -1;
         } else if (!dlopen(s->path, RTLD_NOW | (s->mode == 'g' ? RTLD_GLOBAL : RTLD_LOCAL))) {
             set_error(tr, dlerror());
-            _exit(0);
+            return -1;
         }
         tr->done = i + 1;
     }
     tr->stamp_ns = now_ns();
+    return 0;
+}
+
+static void run_child(const struct trial *t, struct trace *tr, int out_w) {
+    enter_trial(t, tr, out_w, -1, -1);
+    if (take_steps(t, tr) < 0) _exit(0);
     fflush(NULL);
     if (t->at_exit) exit(0); /* atexit handlers and destructors run, as in a real process */
     _exit(0);
@@ -270,46 +314,73 @@ static int kill_leftovers(void) {
     return killed;
 }
 
-static void serve_trial(const struct trial *t, struct trace *tr, int ctl, int status) {
-    int out[2];
-    if (pipe2(out, O_CLOEXEC) < 0) die("pipe");
-    memset((void *)tr, 0, sizeof *tr);
-    tr->stamp_ns = now_ns();
-    int64_t began = now_ns();
-    pid_t pid = fork();
-    if (pid < 0) die("fork");
-    if (pid == 0) run_child(t, tr, out[1]);
-    close(out[1]);
-    fcntl(out[0], F_SETFL, O_NONBLOCK);
-    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
-    static struct capture cap; /* large; one trial at a time */
-    memset(&cap, 0, sizeof cap);
-    int timed_out = 0, open_out = 1;
+enum watched { ENDED, TIMED_OUT, ROW_UP };
+
+/* Watch a child until it ends, its current step runs out of time, or (for a
+ * row server) its prefix is done and it has closed its output. A hang-up on
+ * the control pipe means the parent is gone: so are the child and the server. */
+static enum watched watch(pid_t pid, int pidfd, int out, struct capture *cap,
+                          const struct trace *tr, long timeout_ms, int ctl) {
+    int open_out = 1;
     for (;;) {
-        int64_t deadline = tr->stamp_ns + (int64_t)t->timeout_ms * 1000000;
+        if (!open_out && tr->row != ROW_PENDING) return ROW_UP;
+        int64_t deadline = tr->stamp_ns + (int64_t)timeout_ms * 1000000;
         int64_t left_ms = (deadline - now_ns()) / 1000000 + 1;
-        if (left_ms <= 0) { timed_out = 1; kill(pid, SIGKILL); break; }
-        struct pollfd fds[3] = {{pidfd, POLLIN, 0}, {ctl, 0, 0}, {out[0], POLLIN, 0}};
+        if (left_ms <= 0) { kill(pid, SIGKILL); return TIMED_OUT; }
+        struct pollfd fds[3] = {{pidfd, POLLIN, 0}, {ctl, 0, 0}, {out, POLLIN, 0}};
         int n = poll(fds, open_out ? 3 : 2, (int)(left_ms > 100 ? 100 : left_ms));
         if (n < 0 && errno != EINTR) die("poll");
-        if (fds[1].revents & (POLLHUP | POLLERR)) { /* the parent is gone: so is the trial */
+        if (fds[1].revents & (POLLHUP | POLLERR)) {
             kill(pid, SIGKILL);
             kill_leftovers();
-            exit(0);
+            _exit(0);
         }
-        if (open_out && fds[2].revents) open_out = drain(out[0], &cap);
-        if (fds[0].revents) break;
+        if (open_out && fds[2].revents) open_out = drain(out, cap);
+        if (fds[0].revents) return ENDED;
     }
+}
+
+/* Fork a child that enters the trial with the capture pipe as its output. */
+static pid_t start_child(int out[2], int *pidfd, struct capture *cap, struct trace *tr) {
+    if (pipe2(out, O_CLOEXEC) < 0) die("pipe");
+    memset((void *)tr, 0, sizeof *tr);
+    memset(cap, 0, sizeof *cap);
+    tr->stamp_ns = now_ns();
+    pid_t pid = fork();
+    if (pid < 0) die("fork");
+    if (pid > 0) {
+        close(out[1]);
+        fcntl(out[0], F_SETFL, O_NONBLOCK);
+        *pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    }
+    return pid;
+}
+
+/* Reap the child, kill what it left, and read its output to the end. */
+static int finish_child(pid_t pid, int pidfd, int out, struct capture *cap, struct rusage *ru,
+                        int *leftovers) {
     int wstatus = 0;
-    struct rusage ru;
-    memset(&ru, 0, sizeof ru);
-    while (wait4(pid, &wstatus, 0, &ru) < 0 && errno == EINTR) {}
-    int64_t elapsed_us = (now_ns() - began) / 1000;
+    memset(ru, 0, sizeof *ru);
+    while (wait4(pid, &wstatus, 0, ru) < 0 && errno == EINTR) {}
     close(pidfd);
-    int leftovers = kill_leftovers();
-    fcntl(out[0], F_SETFL, 0); /* every writer is dead now: read to the end */
-    while (drain(out[0], &cap)) {}
-    close(out[0]);
+    *leftovers = kill_leftovers();
+    fcntl(out, F_SETFL, 0); /* every writer is dead now: read to the end */
+    while (drain(out, cap)) {}
+    close(out);
+    return wstatus;
+}
+
+static struct capture cap; /* large; one child is watched at a time */
+
+static void serve_trial(const struct trial *t, struct trace *tr, int ctl, int status) {
+    int out[2], pidfd = -1, leftovers = 0;
+    int64_t began = now_ns();
+    pid_t pid = start_child(out, &pidfd, &cap, tr);
+    if (pid == 0) run_child(t, tr, out[1]);
+    int timed_out = watch(pid, pidfd, out[0], &cap, tr, t->timeout_ms, ctl) == TIMED_OUT;
+    struct rusage ru;
+    int wstatus = finish_child(pid, pidfd, out[0], &cap, &ru, &leftovers);
+    int64_t elapsed_us = (now_ns() - began) / 1000;
     char head[512];
     size_t elen = strnlen(tr->err, ERR_CAP);
     int hlen = snprintf(head, sizeof head, "RESULT %d %d %d %d %ld %lld %zu %zu %zu %zu %d\n",
@@ -320,6 +391,124 @@ static void serve_trial(const struct trial *t, struct trace *tr, int ctl, int st
     write_all(status, cap.head, cap.head_len);
     write_all(status, cap.tail, cap.tail_len);
     write_all(status, tr->err, elen);
+}
+
+/* ---- prefix sharing ------------------------------------------------------ */
+
+static int count_entries(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return n;
+}
+
+static int same_file(int fd, const struct stat *was) {
+    struct stat now;
+    return fstat(fd, &now) == 0 && now.st_dev == was->st_dev && now.st_ino == was->st_ino;
+}
+
+/* Why a process that took its prefix would not fork into a copy of itself, or NULL.
+ * fork copies one thread, no child, no timer and no pending signal; each trial
+ * enters a fresh working folder; the row server needs its pipes. */
+static const char *unsharable(const struct trial *t, const struct stat pipes[2]) {
+    char cwd[PATH_MAX], children[64];
+    if (count_entries("/proc/self/task") != 1) return "the prefix started a thread";
+    snprintf(children, sizeof children, "/proc/self/task/%d/children", (int)getpid());
+    FILE *f = fopen(children, "r");
+    int child = f ? fgetc(f) : EOF;
+    if (f) fclose(f);
+    if (child != EOF) return "the prefix started a process";
+    struct itimerval timer;
+    for (int which = ITIMER_REAL; which <= ITIMER_PROF; which++)
+        if (getitimer(which, &timer) == 0 && (timer.it_value.tv_sec || timer.it_value.tv_usec))
+            return "the prefix armed a timer";
+    if (count_entries("/proc/self/timers") > 0) return "the prefix armed a timer";
+    sigset_t pending;
+    sigemptyset(&pending);
+    if (sigpending(&pending) == 0 && !sigisemptyset(&pending)) return "a signal is pending";
+    if (!getcwd(cwd, sizeof cwd) || strcmp(cwd, t->workdir) || count_entries(".") != 0)
+        return "the prefix changed its working folder";
+    if (!same_file(3, &pipes[0]) || !same_file(4, &pipes[1]))
+        return "the prefix touched the server's pipes";
+    return NULL;
+}
+
+static void serve(int ctl, int status, int in_row);
+
+/* The row server: take the prefix, check that a fork would copy it whole, then
+ * serve the row's trials as any server does. Its stdio buffers keep what the
+ * prefix printed but did not flush: every trial inherits them, as in a cold run. */
+static void run_row_server(const struct trial *t, struct trace *tr, int out_w, int ctl, int status) {
+    struct stat pipes[2];
+    if (fstat(ctl, &pipes[0]) < 0 || fstat(status, &pipes[1]) < 0) die("fstat");
+    enter_trial(t, tr, out_w, ctl, status);
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
+    if (take_steps(t, tr) < 0) { tr->row = ROW_REFUSED; _exit(0); }
+    const char *why = unsharable(t, pipes);
+    if (why) { set_error(tr, why); tr->row = ROW_REFUSED; _exit(0); }
+    tr->row = ROW_READY;
+    int null = open("/dev/null", O_WRONLY); /* the capture pipe closes: the server reads on */
+    if (null < 0 || dup2(null, 1) < 0 || dup2(null, 2) < 0) _exit(112);
+    close(null);
+    serve(3, 4, 1);
+    _exit(0);
+}
+
+static void serve_prefix(const struct trial *t, struct trace *tr, int ctl, int status) {
+    int out[2], pidfd = -1, leftovers = 0;
+    pid_t pid = start_child(out, &pidfd, &cap, tr);
+    if (pid == 0) run_row_server(t, tr, out[1], ctl, status);
+    enum watched seen = watch(pid, pidfd, out[0], &cap, tr, t->timeout_ms, ctl);
+    if (seen == ROW_UP && tr->row == ROW_READY) {
+        char head[256];
+        int hlen = snprintf(head, sizeof head, "ROW %d %zu %zu %zu\n", (int)pid, cap.total,
+                            cap.head_len, cap.tail_len);
+        write_all(status, head, (size_t)hlen);
+        write_all(status, cap.head, cap.head_len);
+        write_all(status, cap.tail, cap.tail_len);
+        struct pollfd fds[2] = {{pidfd, POLLIN, 0}, {ctl, 0, 0}}; /* the row is served */
+        while (!(fds[0].revents & POLLIN)) {
+            if (poll(fds, 2, -1) < 0 && errno != EINTR) die("poll");
+            if (fds[1].revents & (POLLHUP | POLLERR)) { kill(pid, SIGKILL); kill_leftovers(); _exit(0); }
+        }
+        struct rusage ru;
+        int wstatus = finish_child(pid, pidfd, out[0], &cap, &ru, &leftovers);
+        if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0) _exit(4); /* the parent sees it die */
+        return;
+    }
+    if (seen != ENDED) kill(pid, SIGKILL);
+    struct rusage ru;
+    int wstatus = finish_child(pid, pidfd, out[0], &cap, &ru, &leftovers);
+    char why[ERR_CAP + 64];
+    if (seen == TIMED_OUT) snprintf(why, sizeof why, "step %d of the prefix timed out", tr->started);
+    else if (tr->row == ROW_REFUSED && tr->done == t->nsteps) snprintf(why, sizeof why, "%s", tr->err);
+    else if (tr->started > tr->done && tr->err[0])
+        snprintf(why, sizeof why, "step %d of the prefix failed: %.*s", tr->started, ERR_CAP, tr->err);
+    else snprintf(why, sizeof why, "step %d of the prefix ended with wait status %d", tr->started,
+                  wstatus);
+    char head[64];
+    int hlen = snprintf(head, sizeof head, "NO-ROW %zu\n", strlen(why));
+    write_all(status, head, (size_t)hlen);
+    write_all(status, why, strlen(why));
+}
+
+/* Serve messages until the parent closes the pipe (or, in a row server, says END). */
+static void serve(int ctl, int status, int in_row) {
+    struct trace *tr = mmap(NULL, sizeof *tr, PROT_READ | PROT_WRITE,
+                            MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (tr == MAP_FAILED) die("mmap");
+    struct trial t;
+    memset(&t, 0, sizeof t);
+    for (;;) {
+        enum message got = read_message(ctl, &t);
+        if (got == MSG_EOF || (got == MSG_END && in_row)) return;
+        if (got == MSG_TRIAL) serve_trial(&t, tr, ctl, status);
+        else if (got == MSG_PREFIX && !in_row) serve_prefix(&t, tr, ctl, status);
+        else { fprintf(stderr, "harness: malformed or unexpected message\n"); _exit(2); }
+        free_trial(&t);
+    }
 }
 
 /* ---- start-up ------------------------------------------------------------ */
@@ -337,7 +526,9 @@ int main(int argc, char **argv) {
      * loadfuzz starts servers from worker threads. The parent's death shows
      * instead as a hang-up on the control pipe, watched during every trial. */
     prctl(PR_SET_CHILD_SUBREAPER, 1);
-    signal(SIGPIPE, SIG_IGN);
+    /* SIGPIPE stays (or becomes) the default, as every trial must inherit it: a
+     * server writing to a parent that is gone ends, as it should, by SIGPIPE. */
+    signal(SIGPIPE, SIG_DFL);
     struct rlimit core = {0, 0};
     setrlimit(RLIMIT_CORE, &core);
     for (int i = 1; i < argc; i++) {
@@ -357,17 +548,7 @@ int main(int argc, char **argv) {
     }
     if (ctl < 0 || status < 0) usage();
     if (parent && getppid() != (pid_t)parent) return 0; /* the parent died before we started */
-    struct trace *tr = mmap(NULL, sizeof *tr, PROT_READ | PROT_WRITE,
-                            MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (tr == MAP_FAILED) die("mmap");
     dprintf(status, "READY %d\n", (int)getpid());
-    struct trial t;
-    memset(&t, 0, sizeof t);
-    for (;;) {
-        int got = read_trial(ctl, &t);
-        if (got == 0) return 0;
-        if (got < 0) { fprintf(stderr, "harness: malformed trial message\n"); return 2; }
-        serve_trial(&t, tr, ctl, status);
-        free_trial(&t);
-    }
+    serve(ctl, status, 0);
+    _exit(0);
 }

@@ -15,7 +15,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,7 +24,7 @@ from loadfuzz import report
 from loadfuzz.expect import Expectation, classify_findings
 from loadfuzz.model import Flags, TrialRecord, UsageError
 from loadfuzz.model import Sequence as Steps
-from loadfuzz.trial import Trials
+from loadfuzz.trial import Trials, run_all
 
 
 def utc_now() -> str:
@@ -112,23 +111,14 @@ def run_work(work: Sequence[Steps], trials: Trials, folder: ResultsFolder, jobs:
     """Run every sequence not already in the folder, `jobs` at a time; all records, in order."""
     todo = [seq for seq in work if sequence_key(seq) not in folder.done]
     results = dict(folder.done)
-    for _ in range(len(work) - len(todo)):
-        progress.done += 1
-    with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
-        pending = {pool.submit(trials.run, seq) for seq in todo}
-        try:
-            while pending:
-                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for future in finished:
-                    record = future.result()
-                    folder.append(record)
-                    results[record.key()] = record
-                    progress.update(record)
-        except BaseException:
-            for future in pending:
-                future.cancel()
-            trials.close()  # running trials end with their servers
-            raise
+    progress.done += len(work) - len(todo)
+
+    def keep(record: TrialRecord) -> None:
+        folder.append(record)
+        results[record.key()] = record
+        progress.update(record)
+
+    run_all(trials, todo, jobs, keep)
     progress.finish()
     return [results[sequence_key(seq)] for seq in work]
 

@@ -5,6 +5,12 @@ for the protocol): every trial is a child forked from it, so a trial is
 isolated whatever it does, and what the server preloaded (libpython, the
 libtorch closure) is paid for once. A cold trial is a fresh harness with
 nothing preloaded, used for one trial and closed.
+
+Trials that begin with the same steps (a matrix row) can share them: inside
+`with harness.sharing(prefix, limits)`, a row server forked from the server
+has taken those steps once, and every trial of the row forks from it. The
+record of such a trial is that of the whole sequence: its steps are counted
+from the first, and what the prefix printed comes first in its output.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,6 +109,15 @@ class HarnessDied(RuntimeError):
     """The harness process itself stopped answering (not a trial's doing)."""
 
 
+@dataclass(frozen=True)
+class SharedPrefix:
+    """Steps a row server has taken, and what they printed."""
+
+    steps: tuple[HarnessStep, ...]
+    output: bytes
+    output_bytes: int
+
+
 class Harness:
     """One harness process serving trials one at a time. Use as a context manager."""
 
@@ -110,6 +125,8 @@ class Harness:
         self.preload = tuple(preload)
         self.scratch = Path(tempfile.mkdtemp(prefix="loadfuzz-"))
         self._count = 0
+        self.shared: SharedPrefix | None = None
+        self.unshared = ""  # why the last prefix could not be shared
         ctl_r, ctl_w = os.pipe()
         st_r, st_w = os.pipe()
         args = [str(harness_binary()), "--ctl", str(ctl_r), "--status", str(st_w)]
@@ -166,35 +183,92 @@ class Harness:
         data, self._buffer = self._buffer[:size], self._buffer[size:]
         return data
 
-    def run(self, steps: Sequence[HarnessStep], limits: Limits, prelude: int = 0) -> Evidence:
-        """Run one trial. The first `prelude` steps are prerequisites, not counted as steps."""
-        self._count += 1
-        workdir = self.scratch / f"trial-{self._count}"
-        workdir.mkdir()
-        header = b"TRIAL %d %d %d %d %d\n" % (limits.timeout_s * 1000, limits.mem_mb,
-                                              limits.at_exit, len(steps), len(bytes(workdir)))
+    def _send(self, kind: bytes, steps: Sequence[HarnessStep], limits: Limits, workdir: Path) -> None:
+        header = b"%s %d %d %d %d %d\n" % (kind, limits.timeout_s * 1000, limits.mem_mb,
+                                           limits.at_exit, len(steps), len(bytes(workdir)))
         message = [header, bytes(workdir)]
         for step in steps:
             raw = os.fsencode(step.path)
             message += [b"%s %d\n" % (step.mode.encode(), len(raw)), raw]
+        os.write(self._ctl, b"".join(message))
+
+    def _workdir(self, kind: str) -> Path:
+        self._count += 1
+        workdir = self.scratch / f"{kind}-{self._count}"
+        workdir.mkdir()
+        return workdir
+
+    def _read_output(self, total: int, head_len: int, tail_len: int, deadline: float) -> bytes:
+        """The head and the tail of what a child printed, with the middle it did not keep marked."""
+        head = self._read_exact(head_len, deadline)
+        tail = self._read_exact(tail_len, deadline)
+        omitted = total - head_len - tail_len
+        return head + (b"\n[... %d bytes not kept ...]\n" % omitted if omitted > 0 else b"") + tail
+
+    def _open_row(self, prefix: Sequence[HarnessStep], limits: Limits, workdir: Path,
+                  ) -> SharedPrefix | None:
+        self._send(b"PREFIX", prefix, limits, workdir)
+        deadline = time.monotonic() + len(prefix) * limits.timeout_s + MARGIN_S
+        fields = self._read_line(deadline).split()
+        if fields[:1] == [b"NO-ROW"] and len(fields) == 2:
+            why = self._read_exact(int(fields[1]), deadline)
+            self.unshared = why.decode("utf-8", "replace")  # a failed or unsharable prefix
+            return None
+        if fields[:1] != [b"ROW"] or len(fields) != 5:
+            raise HarnessDied(f"unexpected answer from the harness: {fields!r}")
+        total, head_len, tail_len = (int(f) for f in fields[2:])
+        self.unshared = ""
+        return SharedPrefix(tuple(prefix), self._read_output(total, head_len, tail_len, deadline),
+                            total)
+
+    @contextlib.contextmanager
+    def sharing(self, prefix: Sequence[HarnessStep], limits: Limits) -> Iterator[bool]:
+        """Within, trials that begin with `prefix` fork from a row server that took it once.
+
+        Yields False, and every trial runs whole, when the harness could not
+        share the prefix: one of its steps failed, or it left behind what a
+        fork does not copy (a thread, a child, a timer; see NO-ROW in the harness).
+        """
+        assert self.shared is None, "one row at a time"
+        workdir = self._workdir("row")
         try:
-            os.write(self._ctl, b"".join(message))
+            self.shared = self._open_row(prefix, limits, workdir)
+        except (OSError, HarnessDied):
+            self.close()
+            raise
+        try:
+            yield self.shared is not None
+        finally:
+            if self.shared is not None and self.alive:
+                try:
+                    os.write(self._ctl, b"END\n")
+                except OSError:
+                    self.close()
+            self.shared = None
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    def run(self, steps: Sequence[HarnessStep], limits: Limits, prelude: int = 0) -> Evidence:
+        """Run one trial. The first `prelude` steps are prerequisites, not counted as steps."""
+        shared = self.shared or SharedPrefix((), b"", 0)
+        skip = len(shared.steps)
+        assert tuple(steps[:skip]) == shared.steps, "a trial of a row begins with its prefix"
+        workdir = self._workdir("trial")
+        try:
+            self._send(b"TRIAL", steps[skip:], limits, workdir)
             deadline = time.monotonic() + len(steps) * limits.timeout_s + MARGIN_S
             fields = self._read_line(deadline).split()
             if not fields or fields[0] != b"RESULT":
                 raise HarnessDied(f"unexpected answer from the harness: {fields!r}")
             (status, timed_out, started, done, maxrss_kb, elapsed_us, total, head_len,
              tail_len, err_len, leftovers) = (int(f) for f in fields[1:])
-            head = self._read_exact(head_len, deadline)
-            tail = self._read_exact(tail_len, deadline)
+            output = self._read_output(total, head_len, tail_len, deadline)
             error = self._read_exact(err_len, deadline).decode("utf-8", "replace")
         except (OSError, HarnessDied):
             self.close()
             raise
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
-        omitted = total - head_len - tail_len
-        gap = b"\n[... %d bytes not kept ...]\n" % omitted if omitted > 0 else b""
+        started, done = started + skip, done + skip
         return Evidence(
             steps=len(steps) - prelude,
             started=max(started - prelude, 0),
@@ -203,8 +277,8 @@ class Harness:
             signal=os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
             timed_out=bool(timed_out),
             error=error if started > done else "",
-            output=head + gap + tail,
-            output_bytes=total,
+            output=shared.output + output,
+            output_bytes=shared.output_bytes + total,
             duration_s=elapsed_us / 1e6,
             peak_rss_mb=maxrss_kb / 1024,
             leftovers=leftovers,

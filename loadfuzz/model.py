@@ -148,7 +148,7 @@ class TrialRecord:
     duration_s: float
     peak_rss_mb: float
     repro: str
-    via: str = "cold"  # "cold" (fresh process) or "fork-server"
+    via: str = "cold"  # "cold" (a fresh process), "fork-server" or "shared prefix" (+ ", confirmed cold")
 
     @property
     def clean(self) -> bool:

@@ -5,6 +5,10 @@ is forked from a fork server that has preloaded what is not under test; every
 finding is then confirmed in a cold, fresh process before it is believed, and
 a disagreement between the two is kept, never hidden. With `cold=True` every
 trial is a fresh process.
+
+`run_all` runs a work list on `jobs` threads. Sequences that share a server
+and their first step (a matrix row) go together, as one batch: a row server
+takes that step once and each trial of the row forks from it.
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ import queue
 import shlex
 import sys
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -82,6 +87,13 @@ class Disagreement:
 
 
 DEFAULT_LIMITS = Limits()
+# A row server costs about one trial (a fork, the first step, the END); below
+# this many trials a row does not win that back.
+MIN_ROW = 4
+
+
+class TrialsClosed(RuntimeError):
+    """The runner was closed (the campaign is ending): no more trials start."""
 
 
 class Trials:
@@ -110,6 +122,7 @@ class Trials:
         self._idle: dict[tuple[HarnessStep, ...], queue.SimpleQueue[Harness]] = {}
         self._all: list[Harness] = []
         self._lock = threading.Lock()
+        self._closed = False
 
     @property
     def preload(self) -> tuple[HarnessStep, ...]:
@@ -126,11 +139,14 @@ class Trials:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             servers, self._all = self._all, []
         for server in servers:
             server.close()
 
     def _record(self, seq: Sequence, via: str, server: Harness | None) -> TrialRecord:
+        if self._closed:
+            raise TrialsClosed("the runner is closed")
         steps, prelude = harness_steps(seq, self.needs_python(seq))
         evidence = run_cold(steps, self.limits, prelude) if server is None else server.run(steps, self.limits, prelude)
         verdict = classify(evidence, self.catalogue)
@@ -142,6 +158,8 @@ class Trials:
 
     def _server(self, preload: tuple[HarnessStep, ...]) -> Harness:
         with self._lock:
+            if self._closed:
+                raise TrialsClosed("the runner is closed")
             idle = self._idle.setdefault(preload, queue.SimpleQueue())
         try:
             return idle.get_nowait()
@@ -151,23 +169,103 @@ class Trials:
                 self._all.append(server)
             return server
 
-    def run(self, seq: Sequence) -> TrialRecord:
-        if self.cold:
-            return self.run_cold(seq)
-        preload = tuple(self.preload_of(seq))
-        server = self._server(preload)
+    def _fast(self, seq: Sequence, via: str, server: Harness) -> TrialRecord | None:
+        """The trial from `server`, or None when the server (not the trial) failed."""
         try:
-            fast = self._record(seq, "fork-server", server)
-        except HarnessDied:  # the server, not the trial, failed: the cold path decides
-            return self.run_cold(seq)
-        self._idle[preload].put(server)
+            return self._record(seq, via, server)
+        except HarnessDied:
+            return None
+
+    def _confirm(self, seq: Sequence, fast: TrialRecord) -> TrialRecord:
+        """A clean fast trial stands; a finding is believed only once a cold run agrees."""
         if fast.clean:
             return fast
         cold = self.run_cold(seq)
         if not same_verdict(fast, cold):
             with self._lock:
                 self.disagreements.append(Disagreement(fast, cold))
-            return replace(cold, detail=f"{cold.detail} [fork server said: {fast.outcome.value}"
+            return replace(cold, detail=f"{cold.detail} [{fast.via} said: {fast.outcome.value}"
                                         f" {fast.signature or ''} {fast.detail}]".strip())
-        return replace(cold, via="fork-server, confirmed cold")
+        return replace(cold, via=f"{fast.via}, confirmed cold")
 
+    def run(self, seq: Sequence) -> TrialRecord:
+        if self.cold:
+            return self.run_cold(seq)
+        preload = tuple(self.preload_of(seq))
+        server = self._server(preload)
+        fast = self._fast(seq, "fork-server", server)
+        if fast is None:  # the cold path decides
+            return self.run_cold(seq)
+        self._idle[preload].put(server)
+        return self._confirm(seq, fast)
+
+    def row_key(self, seq: Sequence) -> tuple | None:
+        """What the trials that can share one row server have in common: their fork
+        server's preload and their first step (after libpython, when they need it).
+        None for a sequence of one step, and when every trial is cold."""
+        if self.cold or len(seq) < 2:
+            return None
+        steps, prelude = harness_steps(seq, self.needs_python(seq))
+        return tuple(self.preload_of(seq)), tuple(steps[:prelude + 1])
+
+    def run_row(self, row: Sequence[Sequence]) -> Iterator[TrialRecord]:
+        """The records of sequences of one row key, in order, each forked from a row
+        server that took their first step once. A prefix that cannot be shared (see
+        `Harness.sharing`) or a server that dies sends the rest the usual way."""
+        preload, prefix = self.row_key(row[0])
+        assert all(self.row_key(seq) == (preload, prefix) for seq in row), "one row key"
+        server = self._server(preload)
+        left = list(row)
+        try:
+            with server.sharing(prefix, self.limits) as shared:
+                while shared and left:
+                    fast = self._fast(left[0], "shared prefix", server)
+                    if fast is None:
+                        break
+                    yield self._confirm(left.pop(0), fast)
+        except HarnessDied:  # the server could not start the row
+            pass
+        if server.alive:
+            self._idle[preload].put(server)
+        for seq in left:
+            yield self.run(seq)
+
+    def batches(self, work: Iterable[Sequence]) -> list[list[Sequence]]:
+        """The work in batches, in first-seen order: a row of at least MIN_ROW
+        sequences with one row key is one batch, any other sequence its own."""
+        rows: dict[object, list[Sequence]] = {}
+        for position, seq in enumerate(work):
+            rows.setdefault(self.row_key(seq) or position, []).append(seq)
+        return [batch for row in rows.values()
+                for batch in ([row] if len(row) >= MIN_ROW else [[seq] for seq in row])]
+
+    def run_batch(self, batch: Sequence[Sequence]) -> Iterator[TrialRecord]:
+        if len(batch) == 1:
+            yield self.run(batch[0])
+        else:
+            yield from self.run_row(batch)
+
+
+def run_all(trials: Trials, work: Iterable[Sequence], jobs: int,
+            keep: Callable[[TrialRecord], None]) -> None:
+    """Run every sequence, `jobs` batches at a time; `keep(record)` as each trial ends,
+    one call at a time. On any exception (Ctrl-C) the servers close, ending their trials."""
+    lock = threading.Lock()
+
+    def run_batch(batch: Sequence[Sequence]) -> None:
+        for record in trials.run_batch(batch):
+            with lock:
+                keep(record)
+
+    with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
+        pending = {pool.submit(run_batch, batch) for batch in trials.batches(work)}
+        try:
+            while pending:
+                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    future.result()
+        except BaseException:
+            for future in pending:
+                future.cancel()
+            trials.close()
+            raise

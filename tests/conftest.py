@@ -1,11 +1,13 @@
 """Where the real wheel and the fixture libraries are, and small helpers to name steps."""
 
 import sysconfig
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from loadfuzz.model import Flags, Step, StepKind
+from loadfuzz.trial import Trials
 
 ROOT = Path(__file__).resolve().parent.parent
 SITE = Path(sysconfig.get_paths()["purelib"])
@@ -53,3 +55,29 @@ def legacy_matrix(tmp_path_factory):
     assert done.returncode == 1, done.stderr
     records = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
     return json.loads(done.stdout), records
+
+
+PATHS = ["cold", "fork-server", "shared-prefix"]  # the ways a trial can be run
+
+
+class SharedPrefixTrials:
+    """`Trials` on the shared-prefix path: a sequence of two or more steps is a row of its own,
+    forked from a row server that took its first step, and must say so in its record."""
+
+    def __init__(self, trials):
+        self.trials = trials
+
+    def run(self, seq):
+        if self.trials.row_key(seq) is None:
+            return self.trials.run(seq)
+        [record] = self.trials.run_row([seq])
+        assert record.via.startswith("shared prefix"), record.via
+        return record
+
+
+
+@contextmanager
+def trials_on(path: str, limits, **options):
+    """A runner of trials on one of PATHS."""
+    with Trials(limits, cold=path == "cold", **options) as trials:
+        yield SharedPrefixTrials(trials) if path == "shared-prefix" else trials

@@ -1,7 +1,8 @@
 """A trial runs any load order in a process of its own and says what happened, at which step.
 
-Every hostile fixture is run on both paths, cold (a fresh process) and forked
-from a fork server, and must be classified the same way on each.
+Every hostile fixture is run on each path, cold (a fresh process), forked from
+a fork server, and forked from a row server that took the first step (shared
+prefix), and must be classified the same way on each.
 """
 
 import json
@@ -13,10 +14,22 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import AOT, ET, EXTENSION, LEGACY_PLUGIN, LOADFUZZ, QUANTIZED, hostile, step
+from conftest import (
+    AOT,
+    ET,
+    EXTENSION,
+    LEGACY_PLUGIN,
+    LOADFUZZ,
+    PATHS,
+    QUANTIZED,
+    hostile,
+    step,
+    trials_on,
+)
 
-from loadfuzz.execute import Limits
+from loadfuzz.execute import Harness, HarnessStep, Limits, run_cold
 from loadfuzz.model import Flags, Outcome, StepKind
+from loadfuzz.plan import pairs
 from loadfuzz.trial import Trials
 
 LIMITS = Limits(timeout_s=2, mem_mb=4096)
@@ -40,9 +53,9 @@ HOSTILE = {
 SURVIVABLE = ["fork_linger", "flood", "closefds", "rmcwd", "thread_lock"]
 
 
-@pytest.fixture(scope="module", params=["cold", "fork-server"])
+@pytest.fixture(scope="module", params=PATHS)
 def trials(request):
-    with Trials(LIMITS, cold=request.param == "cold") as runner:
+    with trials_on(request.param, LIMITS) as runner:
         yield runner
 
 
@@ -110,6 +123,59 @@ def test_the_next_forked_trial_is_not_deadlocked_by_a_thread_holding_a_lock():
     assert second.via == "fork-server"
 
 
+def verdict(record):
+    return record.outcome, record.step, record.signal, record.exit_code, record.signature
+
+
+def test_one_row_server_serves_every_fixture_after_its_first_step_as_cold_runs_do():
+    row = [(step(CLEAN), step(hostile(name))) for name in [*sorted(HOSTILE), *SURVIVABLE]]
+    with Trials(LIMITS) as runner:
+        shared = list(runner.run_row(row))
+        cold = [runner.run_cold(seq) for seq in row]
+    assert {record.via.split(",")[0] for record in shared} == {"shared prefix"}
+    assert [verdict(r) for r in shared] == [verdict(r) for r in cold]
+    assert runner.disagreements == []
+
+
+@pytest.mark.parametrize("name", ["thread_lock", "fork_linger", "closefds", "rmcwd"])
+def test_a_first_step_that_a_fork_would_not_copy_whole_is_not_shared(name):
+    # a thread, a child process, the server's pipes closed, the working folder gone
+    row = [(step(hostile(name)), step(CLEAN)), (step(hostile(name)), step(hostile("segv")))]
+    with Trials(LIMITS) as runner:
+        records = list(runner.run_row(row))
+    assert [(r.outcome, r.step, r.via) for r in records] == [
+        (Outcome.CLEAN, None, "fork-server"), (Outcome.CRASH, 1, "fork-server, confirmed cold")]
+
+
+def test_a_first_step_that_fails_fails_every_trial_of_its_row_at_step_zero():
+    row = [(step(hostile("exit7")), step(CLEAN)), (step(hostile("exit7")), step(hostile("segv")))]
+    with Trials(LIMITS) as runner:
+        records = list(runner.run_row(row))
+    assert [(r.outcome, r.step, r.exit_code) for r in records] == [(Outcome.EXIT, 0, 7)] * 2
+
+
+def test_what_the_shared_first_step_printed_opens_the_output_of_each_trial_as_cold():
+    flood, clean = HarnessStep("g", hostile("flood")), HarnessStep("g", CLEAN)
+    cold = run_cold([flood, clean], LIMITS)
+    with Harness() as server, server.sharing([flood], LIMITS) as shared:
+        forked = [server.run([flood, clean], LIMITS) for _ in range(2)]
+    assert shared
+    for evidence in forked:
+        assert (evidence.output, evidence.output_bytes, evidence.done) == (
+            cold.output, cold.output_bytes, 2)
+    assert b"fx_flood: done" in cold.output and cold.output_bytes > 100 * 2**20
+
+
+def test_a_matrix_row_is_one_batch_and_a_cold_runner_shares_nothing():
+    libs = [(f"lib{n}", hostile(name)) for n, name in enumerate(["clean", "segv", "exit7", "flood",
+                                                                 "spin"])]
+    work = pairs(libs, [Flags.GLOBAL, Flags.LOCAL])
+    with Trials(LIMITS) as fast, Trials(LIMITS, cold=True) as cold:
+        assert [len(batch) for batch in fast.batches(work)] == [4] * 10
+        assert [seq for batch in fast.batches(work) for seq in batch] == work
+        assert [len(batch) for batch in cold.batches(work)] == [1] * 40
+
+
 @pytest.mark.parametrize("flags", [Flags.GLOBAL, Flags.LOCAL])
 @pytest.mark.parametrize("reverse", [False, True])
 def test_run_time_quantized_kernels_and_the_legacy_plugin_reregister_in_either_order(
@@ -170,13 +236,13 @@ def test_trials_do_not_inherit_ld_preload(monkeypatch):
     assert record.outcome is Outcome.CLEAN
 
 
-@pytest.mark.parametrize("cold", [True, False], ids=["cold", "fork-server"])
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("second", [QUANTIZED, AOT], ids=["kernels", "aot-lib"])
-def test_the_seed_pair_is_classified_the_same_cold_and_from_the_fork_server(cold, second):
+def test_the_seed_pair_is_classified_the_same_on_every_path(path, second):
     # the export plugin's closure has libtorch_python: it needs libpython, as a Python process has
-    with Trials(LIMITS, needs_python=lambda seq: second == AOT, cold=cold) as runner:
+    with trials_on(path, LIMITS, needs_python=lambda seq: second == AOT) as runner:
         record = runner.run((step(LEGACY_PLUGIN), step(second)))
-        assert runner.disagreements == []
     assert (record.outcome, record.signature, record.op, record.step) == (
         Outcome.REREGISTER, "executorch-reregister", "quantized_decomposed::add.out", 1)
-    assert record.via == ("cold" if cold else "fork-server, confirmed cold")
+    assert record.via == {"cold": "cold", "fork-server": "fork-server, confirmed cold",
+                          "shared-prefix": "shared prefix, confirmed cold"}[path]

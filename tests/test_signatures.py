@@ -1,16 +1,16 @@
 """Every signature of the catalogue is recognised from a process that produced it.
 
 The fixtures are faithful copies of each library's exact words and way of
-dying (build/fixtures/signatures); each is run for real, on the cold path and
-from the fork server, and must get the same outcome, signature and name.
+dying (build/fixtures/signatures); each is run for real, on the cold path,
+from the fork server and from a row server that took the first step, and must
+get the same outcome, signature and name on each.
 """
 
 import pytest
-from conftest import FIXTURES, step
+from conftest import FIXTURES, PATHS, step, trials_on
 
 from loadfuzz.execute import Limits
 from loadfuzz.model import Flags, Outcome, StepKind
-from loadfuzz.trial import Trials
 
 SIG = FIXTURES / "signatures"
 
@@ -35,9 +35,9 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module", params=["cold", "fork-server"])
+@pytest.fixture(scope="module", params=PATHS)
 def trials(request):
-    with Trials(Limits(timeout_s=5, mem_mb=4096), cold=request.param == "cold") as runner:
+    with trials_on(request.param, Limits(timeout_s=5, mem_mb=4096)) as runner:
         yield runner
 
 
