@@ -486,8 +486,9 @@ static void serve_prefix(const struct trial *t, struct trace *tr, int ctl, int s
     else if (tr->row == ROW_REFUSED && tr->done == t->nsteps) snprintf(why, sizeof why, "%s", tr->err);
     else if (tr->started > tr->done && tr->err[0])
         snprintf(why, sizeof why, "step %d of the prefix failed: %.*s", tr->started, ERR_CAP, tr->err);
-    else snprintf(why, sizeof why, "step %d of the prefix ended with wait status %d", tr->started,
-                  wstatus);
+    else snprintf(why, sizeof why, "step %d of the prefix ended its process: %s %d", tr->started,
+                  WIFEXITED(wstatus) ? "exit" : "signal",
+                  WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : WTERMSIG(wstatus));
     char head[64];
     int hlen = snprintf(head, sizeof head, "NO-ROW %zu\n", strlen(why));
     write_all(status, head, (size_t)hlen);

@@ -7,26 +7,27 @@ defaults are fork servers that preloaded what is not under test, one per
 core, and row servers for the rows that share a first step. Both classify
 every pair; `identical` says whether they agree on every one. The floor is
 what a trial cannot cost less than on one core: fork, the dlopen calls the
-trial makes itself and the wait, measured in a process that holds what its
-server holds, with no harness and no protocol. A benchmark, not a test.
+trial makes itself and the wait, timed in a small process that holds what
+its server holds, with no harness and no protocol (loadfuzz/floor.py). The
+child time is the same span as the servers timed it around each trial. A
+benchmark, not a test.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from loadfuzz import inventory, plan
 from loadfuzz.campaign import sequence_key
-from loadfuzz.execute import Limits
+from loadfuzz.execute import Limits, trial_environment
 from loadfuzz.model import Flags
 from loadfuzz.trial import Trials, run_all, same_verdict
 
@@ -43,84 +44,37 @@ def timed(trials: Trials, work, jobs: int) -> tuple[float, list]:
     return time.perf_counter() - started, [records[sequence_key(seq)] for seq in work]
 
 
-def in_child(measure: Callable[[], Any]) -> Any:
-    """`measure()` (a JSON value) in a forked, quiet child: what it loads stays out of this process."""
-    reader, writer = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(reader)
-        quiet = os.open(os.devnull, os.O_WRONLY)  # what the libraries print is not the bench's
-        os.dup2(quiet, 1)
-        os.dup2(quiet, 2)
-        os.write(writer, json.dumps(measure()).encode())
-        os._exit(0)
-    os.close(writer)
-    with os.fdopen(reader) as answer:
-        value = json.loads(answer.read())
-    os.waitpid(pid, 0)
-    return value
-
-
-def load(path: Path, mode: str) -> None:
-    ctypes.CDLL(str(path), mode=os.RTLD_NOW | (os.RTLD_GLOBAL if mode == "g" else os.RTLD_LOCAL))
-
-
-def load_step(step) -> None:
-    load(step.path, "g" if step.flags is Flags.GLOBAL else "l")
-
-
-def fork_and_load(steps) -> float:
-    """Seconds of fork, a dlopen per step, _exit and wait."""
-    began = time.perf_counter()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            for step in steps:
-                load_step(step)
-        except OSError:
-            os._exit(1)
-        os._exit(0)
-    os.waitpid(pid, 0)
-    return time.perf_counter() - began
-
-
 def floor_per_trial(trials: Trials, work, samples: int = 30) -> float:
-    """Median seconds of fork + the trial's own dlopens + _exit + wait, the way it runs.
+    """Seconds a trial cannot go below, the way it runs (see loadfuzz/floor.py).
 
     Per fork-server tier and per path: a trial of a shared row pays only for
-    the steps after the row's first, in a process that holds the tier's
-    preload and that first step; any other trial for all its steps, after
-    the preload. Measured in child processes (they must not keep libtorch
-    mapped in this one) over `samples` trials of each, weighted by how many
-    trials of the work take each.
+    the steps after the row's first, any other trial for all its steps. Each
+    is timed over `samples` trials and weighted by how many trials of the
+    work take it.
     """
     groups: dict[tuple, list] = {}
     for batch in trials.batches(work):
         groups.setdefault((tuple(trials.preload_of(batch[0])), len(batch) > 1), []).append(batch)
-    total = 0.0
+    tiers = []
     for (preload, shared), batches in groups.items():
-        taken, left = [], samples
+        rows, left = [], samples
         for batch in batches:
             if left > 0:
-                taken.append(batch[:left])
-                left -= len(taken[-1])
-        times = in_child(lambda preload=preload, shared=shared, taken=taken:
-                         tier_times(preload, taken, shared))
-        total += statistics.median(times) * sum(len(batch) for batch in batches)
-    return total / len(work)
+                rows.append([[[mode_of(step), str(step.path)] for step in seq] for seq in batch[:left]])
+                left -= len(rows[-1])
+        tiers.append({"preload": [[step.mode, str(step.path)] for step in preload],
+                      "shared": shared, "rows": rows})
+    with tempfile.TemporaryDirectory(prefix="loadfuzz-floor-") as scratch:
+        done = subprocess.run([sys.executable, "-m", "loadfuzz.floor"], input=json.dumps(tiers),
+                              capture_output=True, text=True, check=True, cwd=scratch,
+                              env=trial_environment(Path(scratch)))
+    medians = json.loads(done.stdout)
+    weights = [sum(len(batch) for batch in batches) for batches in groups.values()]
+    return sum(m * w for m, w in zip(medians, weights, strict=True)) / len(work)
 
 
-def tier_times(preload, batches, shared: bool) -> list[float]:
-    for step in preload:
-        load(step.path, step.mode)
-    if not shared:
-        return [fork_and_load(seq) for batch in batches for seq in batch]
-
-    def row_times(row) -> list[float]:  # in a process that took the row's first step
-        load_step(row[0][0])
-        return [fork_and_load(seq[1:]) for seq in row]
-
-    return [t for row in batches for t in in_child(lambda row=row: row_times(row))]
+def mode_of(step) -> str:
+    return "g" if step.flags is Flags.GLOBAL else "l"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,17 +98,24 @@ def main(argv: list[str] | None = None) -> int:
         fast_s, fast_records = timed(fast, work, args.jobs)
         disagreements = len(fast.disagreements)
         preload = fast.preload
+        usage = fast.usage
     identical = all(same_verdict(a, b) for a, b in zip(plain_records, fast_records, strict=True))
     floor = floor_per_trial(fast, work)
     per_trial = fast_s / len(work)
     findings = sum(not r.clean for r in fast_records)
+    # what the servers timed around each child: fork to reaped, with no protocol and no Python
+    in_harness = statistics.mean(r.duration_s for r in fast_records if "cold" not in r.via)
     print(f"plain_s={plain_s:.2f} loadfuzz_s={fast_s:.2f} speedup={plain_s / fast_s:.1f}x "
           f"trials={len(work)} identical={str(identical).lower()} "
           f"ms_per_trial={per_trial * 1000:.2f}")
     print(f"floor_ms_per_trial={floor * 1000:.2f} (fork + a trial's own dlopens + wait, one core) "
           f"loadfuzz_ms_per_trial_per_worker={per_trial * args.jobs * 1000:.2f} "
+          f"child_ms_per_trial={in_harness * 1000:.2f} "
           f"findings={findings} disagreements={disagreements} "
           f"preload={','.join(Path(s.path).name for s in preload)}")
+    print(f"outside_trials: servers={usage.servers} server_start_s={usage.server_start_s:.2f} "
+          f"rows_shared={usage.rows_shared} row_start_s={usage.row_start_s:.2f} "
+          f"rows_not_shared={sum(usage.rows_not_shared.values())}")
     return 0 if identical else 1
 
 

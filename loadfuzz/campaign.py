@@ -179,6 +179,7 @@ def summarize(campaign: Campaign, records: Iterable[TrialRecord], findings: Sequ
         "preload": [str(step.path) for step in trials.preload],
         "throughput": round(len(records) / elapsed_s, 1) if elapsed_s > 0 else None,
         "disagreements": [d.to_json() for d in trials.disagreements],
+        "servers": trials.usage.to_json(),
         "started": started,
         "finished": utc_now(),
         **campaign.extra,

@@ -2,8 +2,8 @@
 
 Rendering only. Every writer takes the campaign's JSON data, the `matrix
 --json` summary (with the optional keys the driver adds: "command",
-"version", "expected", "preload", "throughput", "disagreements", "started",
-"finished", "shard") and the trial records as dicts (as in trials.jsonl), so a
+"version", "expected", "preload", "servers", "throughput", "disagreements",
+"started", "finished", "shard") and the trial records as dicts (as in trials.jsonl), so a
 folder can be re-rendered later from its own summary.json and trials.jsonl.
 
 Which finding is expected comes from the summary, never from re-matching: a
@@ -271,6 +271,15 @@ def _md_stale(entry: Mapping[str, Any]) -> str:
     return line + (f" ({_md_code(entry['source'])})" if entry.get("source") else "")
 
 
+def _md_rows(servers: dict | None) -> str | None:
+    """How many matrix rows forked from a row server, and why the others did not."""
+    if not servers or not (servers.get("rows_shared") or servers.get("rows_not_shared")):
+        return None
+    why = "; ".join(f"{_md_text(reason)}: {count}"
+                    for reason, count in servers.get("rows_not_shared", {}).items())
+    return f"{servers.get('rows_shared', 0)} rows" + (f" (not shared: {why})" if why else "")
+
+
 def _markdown(campaign: _Campaign) -> str:
     summary = campaign.summary
     libraries = campaign.libraries()
@@ -288,6 +297,7 @@ def _markdown(campaign: _Campaign) -> str:
         ("Started", summary.get("started")),
         ("Finished", summary.get("finished")),
         ("Throughput", summary.get("throughput") and f"{summary['throughput']:.1f} trials/s"),
+        ("Shared prefixes", _md_rows(summary.get("servers"))),
         ("Results folder", summary.get("out") and _md_code(str(summary["out"]))),
     ]
     lines += [f"- {name}: {value}" for name, value in tested if value]

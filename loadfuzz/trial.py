@@ -17,9 +17,10 @@ import queue
 import shlex
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from loadfuzz import hostenv
@@ -96,6 +97,22 @@ class TrialsClosed(RuntimeError):
     """The runner was closed (the campaign is ending): no more trials start."""
 
 
+@dataclass
+class Usage:
+    """What running the trials cost besides the trials: servers started, rows set up."""
+
+    servers: int = 0
+    server_start_s: float = 0.0
+    rows_shared: int = 0
+    row_start_s: float = 0.0
+    rows_not_shared: dict[str, int] = field(default_factory=dict)  # why (its first clause) -> rows
+
+    def to_json(self) -> dict:
+        return {"servers": self.servers, "server_start_s": round(self.server_start_s, 3),
+                "rows_shared": self.rows_shared, "row_start_s": round(self.row_start_s, 3),
+                "rows_not_shared": dict(sorted(self.rows_not_shared.items()))}
+
+
 class Trials:
     """Runs sequences and returns their records; safe to call from several threads."""
 
@@ -119,6 +136,7 @@ class Trials:
         self.cold = cold
         self.catalogue: tuple[Signature, ...] = load_catalogue()
         self.disagreements: list[Disagreement] = []
+        self.usage = Usage()
         self._idle: dict[tuple[HarnessStep, ...], queue.SimpleQueue[Harness]] = {}
         self._all: list[Harness] = []
         self._lock = threading.Lock()
@@ -164,9 +182,12 @@ class Trials:
         try:
             return idle.get_nowait()
         except queue.Empty:
+            began = time.monotonic()
             server = Harness(preload)
             with self._lock:
                 self._all.append(server)
+                self.usage.servers += 1
+                self.usage.server_start_s += time.monotonic() - began
             return server
 
     def _fast(self, seq: Sequence, via: str, server: Harness) -> TrialRecord | None:
@@ -216,8 +237,10 @@ class Trials:
         assert all(self.row_key(seq) == (preload, prefix) for seq in row), "one row key"
         server = self._server(preload)
         left = list(row)
+        began = time.monotonic()
         try:
             with server.sharing(prefix, self.limits) as shared:
+                self._count_row(shared, server.unshared, time.monotonic() - began)
                 while shared and left:
                     fast = self._fast(left[0], "shared prefix", server)
                     if fast is None:
@@ -229,6 +252,15 @@ class Trials:
             self._idle[preload].put(server)
         for seq in left:
             yield self.run(seq)
+
+    def _count_row(self, shared: bool, why: str, took_s: float) -> None:
+        with self._lock:
+            self.usage.row_start_s += took_s
+            if shared:
+                self.usage.rows_shared += 1
+            else:
+                why = why.split(":")[0]
+                self.usage.rows_not_shared[why] = self.usage.rows_not_shared.get(why, 0) + 1
 
     def batches(self, work: Iterable[Sequence]) -> list[list[Sequence]]:
         """The work in batches, in first-seen order: a row of at least MIN_ROW

@@ -297,6 +297,17 @@ def test_report_md_says_what_was_tested_and_counts_outcomes(tmp_path: Path) -> N
         in text
 
 
+def test_report_md_says_how_many_rows_shared_their_first_step_and_why_others_did_not(
+        tmp_path: Path) -> None:
+    summary, trials = campaign()
+    summary["servers"] = {"servers": 3, "server_start_s": 0.3, "rows_shared": 36,
+                          "row_start_s": 0.1, "rows_not_shared": {"the prefix started a thread": 2}}
+    text = report.write_report_md(tmp_path, summary, trials).read_text(encoding="utf-8")
+    assert "- Shared prefixes: 36 rows (not shared: the prefix started a thread: 2)" in text
+    del summary["servers"]
+    assert "Shared prefixes" not in report.markdown_summary(summary, trials)
+
+
 def test_report_md_shows_each_finding_with_its_repro_and_why(tmp_path: Path) -> None:
     summary, trials = campaign()
     text = report.markdown_summary(summary, trials)

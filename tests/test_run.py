@@ -135,16 +135,22 @@ def test_one_row_server_serves_every_fixture_after_its_first_step_as_cold_runs_d
     assert {record.via.split(",")[0] for record in shared} == {"shared prefix"}
     assert [verdict(r) for r in shared] == [verdict(r) for r in cold]
     assert runner.disagreements == []
+    assert (runner.usage.servers, runner.usage.rows_shared) == (1, 1)
 
 
-@pytest.mark.parametrize("name", ["thread_lock", "fork_linger", "closefds", "rmcwd"])
-def test_a_first_step_that_a_fork_would_not_copy_whole_is_not_shared(name):
-    # a thread, a child process, the server's pipes closed, the working folder gone
+@pytest.mark.parametrize(("name", "why"), [
+    ("thread_lock", "the prefix started a thread"),
+    ("fork_linger", "the prefix started a process"),
+    ("closefds", "the prefix touched the server's pipes"),
+    ("rmcwd", "the prefix changed its working folder"),
+])
+def test_a_first_step_that_a_fork_would_not_copy_whole_is_not_shared(name, why):
     row = [(step(hostile(name)), step(CLEAN)), (step(hostile(name)), step(hostile("segv")))]
     with Trials(LIMITS) as runner:
         records = list(runner.run_row(row))
     assert [(r.outcome, r.step, r.via) for r in records] == [
         (Outcome.CLEAN, None, "fork-server"), (Outcome.CRASH, 1, "fork-server, confirmed cold")]
+    assert (runner.usage.rows_shared, runner.usage.rows_not_shared) == (0, {why: 1})
 
 
 def test_a_first_step_that_fails_fails_every_trial_of_its_row_at_step_zero():
@@ -152,6 +158,7 @@ def test_a_first_step_that_fails_fails_every_trial_of_its_row_at_step_zero():
     with Trials(LIMITS) as runner:
         records = list(runner.run_row(row))
     assert [(r.outcome, r.step, r.exit_code) for r in records] == [(Outcome.EXIT, 0, 7)] * 2
+    assert runner.usage.rows_not_shared == {"step 1 of the prefix ended its process": 1}
 
 
 def test_what_the_shared_first_step_printed_opens_the_output_of_each_trial_as_cold():
