@@ -461,26 +461,28 @@ static void serve_prefix(const struct trial *t, struct trace *tr, int ctl, int s
     pid_t pid = start_child(out, &pidfd, &cap, tr);
     if (pid == 0) run_row_server(t, tr, out[1], ctl, status);
     enum watched seen = watch(pid, pidfd, out[0], &cap, tr, t->timeout_ms, ctl);
-    if (seen == ROW_UP && tr->row == ROW_READY) {
+    int row = seen == ROW_UP && tr->row == ROW_READY;
+    if (row) { /* the row server answers the row's trials; wait for its END */
         char head[256];
         int hlen = snprintf(head, sizeof head, "ROW %d %zu %zu %zu\n", (int)pid, cap.total,
                             cap.head_len, cap.tail_len);
         write_all(status, head, (size_t)hlen);
         write_all(status, cap.head, cap.head_len);
         write_all(status, cap.tail, cap.tail_len);
-        struct pollfd fds[2] = {{pidfd, POLLIN, 0}, {ctl, 0, 0}}; /* the row is served */
+        struct pollfd fds[2] = {{pidfd, POLLIN, 0}, {ctl, 0, 0}};
         while (!(fds[0].revents & POLLIN)) {
             if (poll(fds, 2, -1) < 0 && errno != EINTR) die("poll");
             if (fds[1].revents & (POLLHUP | POLLERR)) { kill(pid, SIGKILL); kill_leftovers(); _exit(0); }
         }
-        struct rusage ru;
-        int wstatus = finish_child(pid, pidfd, out[0], &cap, &ru, &leftovers);
+    } else if (seen != ENDED) {
+        kill(pid, SIGKILL);
+    }
+    struct rusage ru;
+    int wstatus = finish_child(pid, pidfd, out[0], &cap, &ru, &leftovers);
+    if (row) {
         if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0) _exit(4); /* the parent sees it die */
         return;
     }
-    if (seen != ENDED) kill(pid, SIGKILL);
-    struct rusage ru;
-    int wstatus = finish_child(pid, pidfd, out[0], &cap, &ru, &leftovers);
     char why[ERR_CAP + 64];
     if (seen == TIMED_OUT) snprintf(why, sizeof why, "step %d of the prefix timed out", tr->started);
     else if (tr->row == ROW_REFUSED && tr->done == t->nsteps) snprintf(why, sizeof why, "%s", tr->err);

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from loadfuzz import inventory, plan
 from loadfuzz.campaign import sequence_key
-from loadfuzz.execute import Limits, trial_environment
+from loadfuzz.execute import HarnessStep, Limits, trial_environment
 from loadfuzz.model import Flags
 from loadfuzz.trial import Trials, run_all, same_verdict
 
@@ -60,7 +60,8 @@ def floor_per_trial(trials: Trials, work, samples: int = 30) -> float:
         rows, left = [], samples
         for batch in batches:
             if left > 0:
-                rows.append([[[mode_of(step), str(step.path)] for step in seq] for seq in batch[:left]])
+                rows.append([[[HarnessStep.of(step.kind, step.flags, step.path).mode, str(step.path)]
+                              for step in seq] for seq in batch[:left]])
                 left -= len(rows[-1])
         tiers.append({"preload": [[step.mode, str(step.path)] for step in preload],
                       "shared": shared, "rows": rows})
@@ -71,10 +72,6 @@ def floor_per_trial(trials: Trials, work, samples: int = 30) -> float:
     medians = json.loads(done.stdout)
     weights = [sum(len(batch) for batch in batches) for batches in groups.values()]
     return sum(m * w for m, w in zip(medians, weights, strict=True)) / len(work)
-
-
-def mode_of(step) -> str:
-    return "g" if step.flags is Flags.GLOBAL else "l"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,7 @@ takes that step once and each trial of the row forks from it.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import shlex
 import sys
@@ -237,17 +238,20 @@ class Trials:
         assert all(self.row_key(seq) == (preload, prefix) for seq in row), "one row key"
         server = self._server(preload)
         left = list(row)
-        began = time.monotonic()
-        try:
-            with server.sharing(prefix, self.limits) as shared:
-                self._count_row(shared, server.unshared, time.monotonic() - began)
-                while shared and left:
-                    fast = self._fast(left[0], "shared prefix", server)
-                    if fast is None:
-                        break
-                    yield self._confirm(left.pop(0), fast)
-        except HarnessDied:  # the server could not start the row
-            pass
+        with contextlib.ExitStack() as stack:
+            began = time.monotonic()
+            try:
+                shared = stack.enter_context(server.sharing(prefix, self.limits))
+            except HarnessDied:  # the server could not start the row
+                shared = False
+            self._count_row(shared, server.unshared, time.monotonic() - began)
+            while shared and left:
+                fast = self._fast(left[0], "shared prefix", server)
+                if fast is None:  # the server died: the rest go the usual way
+                    break
+                record = self._confirm(left[0], fast)
+                left.pop(0)
+                yield record
         if server.alive:
             self._idle[preload].put(server)
         for seq in left:
