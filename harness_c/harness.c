@@ -317,13 +317,14 @@ static int kill_leftovers(void) {
 enum watched { ENDED, TIMED_OUT, ROW_UP };
 
 /* Watch a child until it ends, its current step runs out of time, or (for a
- * row server) its prefix is done and it has closed its output. A hang-up on
+ * row server) its prefix is ready and it has closed its output (a refused
+ * prefix ends its process instead). A hang-up on
  * the control pipe means the parent is gone: so are the child and the server. */
 static enum watched watch(pid_t pid, int pidfd, int out, struct capture *cap,
                           const struct trace *tr, long timeout_ms, int ctl) {
     int open_out = 1;
     for (;;) {
-        if (!open_out && tr->row != ROW_PENDING) return ROW_UP;
+        if (!open_out && tr->row == ROW_READY) return ROW_UP;
         int64_t deadline = tr->stamp_ns + (int64_t)timeout_ms * 1000000;
         int64_t left_ms = (deadline - now_ns()) / 1000000 + 1;
         if (left_ms <= 0) { kill(pid, SIGKILL); return TIMED_OUT; }
@@ -461,7 +462,7 @@ static void serve_prefix(const struct trial *t, struct trace *tr, int ctl, int s
     pid_t pid = start_child(out, &pidfd, &cap, tr);
     if (pid == 0) run_row_server(t, tr, out[1], ctl, status);
     enum watched seen = watch(pid, pidfd, out[0], &cap, tr, t->timeout_ms, ctl);
-    int row = seen == ROW_UP && tr->row == ROW_READY;
+    int row = seen == ROW_UP;
     if (row) { /* the row server answers the row's trials; wait for its END */
         char head[256];
         int hlen = snprintf(head, sizeof head, "ROW %d %zu %zu %zu\n", (int)pid, cap.total,

@@ -75,7 +75,6 @@ class SharedPrefixTrials:
         return record
 
 
-
 @contextmanager
 def trials_on(path: str, limits, **options):
     """A runner of trials on one of PATHS."""
