@@ -9,7 +9,6 @@ SITE        = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_paths()["p
 ET          = $(SITE)/executorch
 BUILD       := build
 CC          ?= gcc
-CFLAGS_HARNESS := -std=c11 -Wall -Wextra -Werror -O2 -D_GNU_SOURCE
 
 .PHONY: all setup harness fixtures test demo bench lint clean chromium
 all: setup harness fixtures
@@ -29,10 +28,10 @@ $(VENV)/.deps: pyproject.toml | $(PY)
 setup: $(VENV)/.deps
 
 # --- the C harness -------------------------------------------------------------
-harness: $(BUILD)/harness
-$(BUILD)/harness: harness_c/harness.c
-	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_HARNESS) -o $@ $< -ldl
+# One recipe (loadfuzz/run/build.py), the one an installed loadfuzz uses on first run;
+# --strict makes warnings errors. The binary lands in ~/.cache/loadfuzz/harness-<hash>.
+harness: setup
+	$(PY) -m loadfuzz.run.build --strict
 
 # --- fixture libraries for the tests ------------------------------------------
 include tests/fixtures/fixtures.mk
@@ -47,13 +46,13 @@ test: all chromium
 	$(VENV)/bin/pytest -q
 
 lint: setup
-	$(VENV)/bin/ruff check loadfuzz tests
+	$(VENV)/bin/ruff check loadfuzz tests tools
 
 demo: all $(LEGACY_PLUGIN)
 	$(VENV)/bin/loadfuzz matrix executorch --add $(LEGACY_PLUGIN) --expect results/expectations/executorch.toml
 
 bench: all
-	$(PY) -m loadfuzz.bench
+	$(PY) tools/bench.py
 
 clean:
 	rm -rf $(BUILD)

@@ -15,7 +15,8 @@
  *         g = dlopen RTLD_NOW|RTLD_GLOBAL, l = RTLD_NOW|RTLD_LOCAL,
  *         p = import the Python extension module at path (embedded interpreter)
  *   server -> parent (--status FD):
- *       READY <pid>\n                                once, after preloading
+ *       READY <version> <pid>\n                      once, after preloading; version is
+ *                                                    PROTOCOL_VERSION, checked by the parent
  *       PRELOAD-ERROR <len>\n<dlerror bytes>          instead, if a preload failed
  *       RESULT <wait_status> <timed_out> <started> <done> <maxrss_kb> <elapsed_us>
  *              <out_total> <head_len> <tail_len> <err_len> <leftovers>\n
@@ -67,6 +68,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#define PROTOCOL_VERSION 2 /* docs/protocol.md; bump on any change to a message */
 #define MAX_STEPS 256
 #define HEAD_CAP (16 * 1024)
 #define TAIL_CAP (48 * 1024)
@@ -552,7 +554,7 @@ int main(int argc, char **argv) {
     }
     if (ctl < 0 || status < 0) usage();
     if (parent && getppid() != (pid_t)parent) return 0; /* the parent died before we started */
-    dprintf(status, "READY %d\n", (int)getpid());
+    dprintf(status, "READY %d %d\n", PROTOCOL_VERSION, (int)getpid());
     serve(ctl, status, 0);
     _exit(0);
 }

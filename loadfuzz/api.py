@@ -19,18 +19,12 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from loadfuzz import inventory
-from loadfuzz.execute import Limits
-from loadfuzz.model import Flags, Outcome, Step, StepKind, TrialRecord, UsageError
-from loadfuzz.trial import Trials
+from loadfuzz.model import Flags, Outcome, TrialRecord, UsageError, parse_step
+from loadfuzz.run.harness import Limits
+from loadfuzz.run.tiers import Tiers
+from loadfuzz.run.trials import Trials
 
 __all__ = ["Outcome", "TrialRecord", "UsageError", "run_load_order"]
-
-# step prefix -> (kind, flags mode; None: the call's `flags`)
-PREFIXES: dict[str, tuple[StepKind, Flags | None]] = {
-    "global": (StepKind.DLOPEN, Flags.GLOBAL),
-    "local": (StepKind.DLOPEN, Flags.LOCAL),
-    "py": (StepKind.IMPORT, Flags.LOCAL),
-}
 
 
 def run_load_order(target: str | Path | None, *steps: str | Path,
@@ -51,33 +45,10 @@ def run_load_order(target: str | Path | None, *steps: str | Path,
         raise UsageError(f"unknown flags mode {flags!r} (expected global or local)") from None
     if not timeout > 0:
         raise UsageError(f"timeout must be more than zero seconds, not {timeout!r}")
-    inv = None if target is None else inventory.load_target(str(target), [Path(p) for p in add])
-    seq = tuple(parse_step(str(text), default, inv) for text in steps)
-    python = needing_python(seq, inv)
-    with Trials(Limits(timeout_s=timeout), lambda s: any(st.path.resolve() in python for st in s),
-                cold=True) as trials:
+    ids = {}
+    if target is not None:
+        inv = inventory.load_target(str(target), [Path(p) for p in add])
+        ids = {lib.id: lib.path for lib in inv.libraries}
+    seq = tuple(parse_step(str(text), default, ids.get) for text in steps)
+    with Trials(Limits(timeout_s=timeout), Tiers.for_steps(seq), cold=True) as trials:
         return trials.run(seq)
-
-
-def parse_step(text: str, default: Flags, inv: inventory.Inventory | None) -> Step:
-    """`[global:|local:|py:]ID-OR-PATH` -> a Step; an id only counts when there is a target."""
-    prefix, sep, rest = text.partition(":")
-    kind, flags = PREFIXES[prefix] if sep and prefix in PREFIXES else (StepKind.DLOPEN, None)
-    name = rest if sep and prefix in PREFIXES else text
-    flags = flags or default
-    if inv is not None and any(lib.id == name for lib in inv.libraries):
-        return Step(kind, name, flags, inv.locate(name))
-    path = Path(name).absolute()
-    if not path.is_file():
-        where = f" and no library id of {inv.target}" if inv is not None else ""
-        raise UsageError(f"no such library: {name} (not a file{where})")
-    return Step(kind, str(path), flags, path)
-
-
-def needing_python(seq: Iterable[Step], inv: inventory.Inventory | None) -> set[Path]:
-    """The (resolved) paths among the steps' libraries that need libpython loaded first."""
-    known = {lib.path.resolve(): lib for lib in inv.libraries} if inv is not None else {}
-    loose = [step.path for step in seq if step.path.resolve() not in known]
-    if loose:
-        known |= {lib.path.resolve(): lib for lib in inventory.load_libraries(loose).libraries}
-    return {path for path, lib in known.items() if lib.needs_python}

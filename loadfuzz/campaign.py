@@ -1,125 +1,99 @@
-"""Campaign: run a work list into a results folder as it goes, and sum it up.
+"""Campaign: check a campaign's inputs, run its work list into the results folder, and sum it up.
 
-Shared by `matrix`, `fuzz` and `repro`. Every finished trial is appended to
-`trials.jsonl` at once, as one whole line in one write, so a campaign killed
-at any moment keeps every trial it finished and `--resume` runs only the
-rest. The summary, the reports and the exit status come from the records,
-the expectations file and nothing else.
+Shared by `matrix`, `fuzz` and `repro`. `prepare` reads and checks every
+input (target, expectations, results folder) before anything is written, so
+bad input writes nothing. `run_work` runs a work list, skipping what a
+resumed folder already holds; `RunOnce` runs each distinct sequence once for
+a search. The summary and the exit status come from the records, the
+expectations and nothing else. `run_matrix` is the matrix command's whole job.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-from loadfuzz import report
+from loadfuzz import plan, predict
 from loadfuzz.expect import Expectation, classify_findings
-from loadfuzz.model import Flags, TrialRecord, UsageError
+from loadfuzz.inventory import Inventory, Library
+from loadfuzz.model import Key, TrialRecord, UsageError, sequence_key
 from loadfuzz.model import Sequence as Steps
-from loadfuzz.trial import Trials, run_all
+from loadfuzz.results import ResultsFolder, default_out, utc_now
+from loadfuzz.run.trials import Trials, run_all
+from loadfuzz.settings import CampaignSettings
 
 
-def utc_now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+class Watcher(Protocol):
+    """Told about the trials as they finish (the terminal's progress line, or nothing)."""
+
+    def planned(self, count: int) -> None: ...
+
+    def skipped(self, count: int) -> None: ...
+
+    def finished(self, record: TrialRecord) -> None: ...
+
+    def close(self) -> None: ...
 
 
-def default_out(name: str, version: str | None) -> Path:
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    return Path("results") / f"{name}-{version or 'unversioned'}" / stamp
+class Quiet:
+    def planned(self, count: int) -> None:
+        pass
 
+    def skipped(self, count: int) -> None:
+        pass
 
-def sequence_key(seq: Steps) -> tuple:
-    return tuple((s.kind.value, s.lib, s.flags.value) for s in seq)
-
-
-class ResultsFolder:
-    """The `--out` folder: trials.jsonl appended per trial, then the reports."""
-
-    def __init__(self, out: Path, resume: bool, locate: Callable[[str], Path]):
-        self.out = out
-        self.trials_path = out / "trials.jsonl"
-        if resume and not self.trials_path.exists():
-            raise UsageError(f"--resume: {out} holds no campaign (no trials.jsonl)")
-        if not resume and out.exists() and any(out.iterdir()):
-            raise UsageError(f"{out} already holds results: pass --resume or another --out")
-        self.done: dict[tuple, TrialRecord] = {}
-        if resume:
-            self._repair()
-            for line in self.trials_path.read_text(encoding="utf-8").splitlines():
-                record = TrialRecord.from_json(json.loads(line), locate)
-                self.done[record.key()] = record
-        self._lock = threading.Lock()
-        self._fd: int | None = None
-
-    def _repair(self) -> None:
-        """Drop a torn last line (the campaign was killed in the middle of one)."""
-        data = self.trials_path.read_bytes()
-        if data and not data.endswith(b"\n"):
-            with self.trials_path.open("r+b") as file:
-                file.truncate(data.rfind(b"\n") + 1)
-
-    def open(self) -> None:
-        self.out.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.trials_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-
-    def append(self, record: TrialRecord) -> None:
-        line = json.dumps(record.to_json(), ensure_ascii=False).encode("utf-8", "backslashreplace")
-        with self._lock:
-            assert self._fd is not None, "open() the folder first"
-            os.write(self._fd, line + b"\n")
+    def finished(self, record: TrialRecord) -> None:
+        pass
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        pass
 
 
-class Progress:
-    """done / total, findings so far and the rate, on a terminal only."""
+@dataclass(frozen=True)
+class Prepared:
+    """A campaign whose inputs are all read and checked; its folder is not written yet."""
 
-    def __init__(self, total: int, label: str, stream: Any = sys.stderr):
-        self.total, self.label, self.stream = total, label, stream
-        self.enabled = bool(getattr(stream, "isatty", lambda: False)())
-        self.started = time.monotonic()
-        self.done = self.findings = 0
+    settings: CampaignSettings
+    command: str  # matrix | fuzz | repro
+    inv: Inventory
+    libs: tuple[Library, ...]
+    expectations: tuple[Expectation, ...]
+    folder: ResultsFolder
 
-    def update(self, record: TrialRecord) -> None:
-        self.done += 1
-        self.findings += not record.clean
-        if self.enabled:
-            rate = self.done / max(time.monotonic() - self.started, 1e-9)
-            total = f"/{self.total}" if self.total else ""
-            self.stream.write(f"\r{self.label}: {self.done}{total} trials, "
-                              f"{self.findings} findings, {rate:.1f} trials/s ")
-            self.stream.flush()
+    @property
+    def out(self):
+        return self.folder.out
 
-    def finish(self) -> None:
-        if self.enabled:
-            self.stream.write("\n")
+    def trials(self, servers_for: Sequence[Library] | None = None) -> Trials:
+        return self.settings.run.trials(self.inv, tuple(servers_for or self.libs))
+
+
+def prepare(settings: CampaignSettings, command: str, suffix: str = "") -> Prepared:
+    """Read the target and the expectations and check the results folder; UsageError if bad."""
+    if settings.resume and settings.out is None:
+        raise UsageError("--resume needs --out DIR, the folder of the campaign to continue")
+    inv, libs = settings.target.load()
+    expectations = settings.expectations()
+    out = settings.out or default_out(inv.name, inv.version, suffix)
+    folder = ResultsFolder(out, settings.resume, inv.locate)
+    return Prepared(settings, command, inv, libs, expectations, folder)
 
 
 def run_work(work: Sequence[Steps], trials: Trials, folder: ResultsFolder, jobs: int,
-             progress: Progress) -> list[TrialRecord]:
+             watcher: Watcher) -> list[TrialRecord]:
     """Run every sequence not already in the folder, `jobs` at a time; all records, in order."""
     todo = [seq for seq in work if sequence_key(seq) not in folder.done]
     results = dict(folder.done)
-    progress.done += len(work) - len(todo)
+    watcher.skipped(len(work) - len(todo))
 
     def keep(record: TrialRecord) -> None:
         folder.append(record)
         results[record.key()] = record
-        progress.update(record)
+        watcher.finished(record)
 
     run_all(trials, todo, jobs, keep)
-    progress.finish()
     return [results[sequence_key(seq)] for seq in work]
 
 
@@ -127,9 +101,9 @@ class RunOnce:
     """Runs each distinct sequence once per campaign and appends its record to the folder:
     a search (fuzz's rounds, repro's orders, shrinking) asks for the same sequence often."""
 
-    def __init__(self, trials: Trials, folder: ResultsFolder, progress: Progress | None = None):
-        self.trials, self.folder, self.progress = trials, folder, progress
-        self.runs: dict[tuple, TrialRecord] = {}
+    def __init__(self, trials: Trials, folder: ResultsFolder, watcher: Watcher):
+        self.trials, self.folder, self.watcher = trials, folder, watcher
+        self.runs: dict[Key, TrialRecord] = {}
 
     def __call__(self, seq: Steps) -> TrialRecord:
         key = sequence_key(seq)
@@ -137,44 +111,28 @@ class RunOnce:
             record = self.trials.run(seq)
             self.folder.append(record)
             self.runs[key] = record
-            if self.progress is not None:
-                self.progress.update(record)
+            self.watcher.finished(record)
         return self.runs[key]
 
 
-@dataclass(frozen=True)
-class Campaign:
-    """What a campaign was asked to do; the summary says what it found."""
-
-    command: str  # matrix | fuzz | repro
-    target: str
-    name: str
-    version: str | None
-    libraries: tuple[str, ...]
-    flags: tuple[Flags, ...]
-    expectations: tuple[Expectation, ...]
-    out: Path
-    shard: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-def summarize(campaign: Campaign, records: Iterable[TrialRecord], findings: Sequence[TrialRecord],
-              trials: Trials, started: str, elapsed_s: float) -> dict[str, Any]:
-    """The contract's `--json` object, plus what the reports show besides."""
+def summarize(campaign: Prepared, records: Iterable[TrialRecord], findings: Sequence[TrialRecord],
+              trials: Trials, started: str, elapsed_s: float, **extra: Any) -> dict[str, Any]:
+    """The `--json` object of a campaign, plus what the reports show besides."""
     records = list(records)
     expected, unexpected, stale = classify_findings(findings, campaign.expectations)
+    shard = campaign.settings.shard
     return {
-        "target": campaign.target,
-        "libraries": list(campaign.libraries),
-        "flags": [mode.value for mode in campaign.flags],
+        "target": campaign.inv.target,
+        "libraries": [lib.id for lib in campaign.libs],
+        "flags": [mode.value for mode in campaign.settings.flags],
         "trials": len(records),
         "findings": [r.to_json() for r in findings],
         "unexpected": [r.to_json() for r in unexpected],
         "stale": [e.to_json() for e in stale],
         "command": campaign.command,
-        "version": campaign.version,
+        "version": campaign.inv.version,
         "out": str(campaign.out),
-        "shard": campaign.shard,
+        "shard": None if shard.whole else str(shard),
         "expected": [{"record": r.to_json(), "why": e.why} for r, e in expected],
         "preload": [str(step.path) for step in trials.preload],
         "throughput": round(len(records) / elapsed_s, 1) if elapsed_s > 0 else None,
@@ -182,19 +140,32 @@ def summarize(campaign: Campaign, records: Iterable[TrialRecord], findings: Sequ
         "servers": trials.usage.to_json(),
         "started": started,
         "finished": utc_now(),
-        **campaign.extra,
+        **extra,
     }
 
 
-def write_results(folder: ResultsFolder, summary: dict[str, Any], records: Iterable[TrialRecord],
-                  per: str) -> None:
-    trials = [r.to_json() for r in records]
-    report.write_all(folder.out, summary, trials, per=per)
-    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if step_summary:
-        with open(step_summary, "a", encoding="utf-8") as file:
-            file.write(report.markdown_summary(summary, trials) + "\n")
-
-
 def exit_status(summary: dict[str, Any]) -> int:
+    """0: nothing unexpected; 1: a finding no expectation covers."""
     return 1 if summary["unexpected"] else 0
+
+
+def run_matrix(campaign: Prepared, watcher: Watcher) -> tuple[dict[str, Any], list[TrialRecord]]:
+    """Every ordered pair of the selected libraries under each flags mode (this shard's slice),
+    into the results folder; the summary and every record, reports written."""
+    settings = campaign.settings
+    work = settings.shard.take(plan.pairs(campaign.libs, settings.flags))
+    watcher.planned(len(work))
+    started, clock = utc_now(), time.monotonic()
+    campaign.folder.open()
+    try:
+        with campaign.trials() as trials:
+            records = run_work(work, trials, campaign.folder, settings.run.jobs, watcher)
+            findings = [r for r in records if not r.clean]
+            summary = summarize(campaign, records, findings, trials, started,
+                                time.monotonic() - clock,
+                                interposition=predict.interposition(campaign.inv, records))
+    finally:
+        watcher.close()
+        campaign.folder.close()
+    campaign.folder.write_reports(summary, records, per="pair")
+    return summary, records

@@ -14,7 +14,7 @@ import tomllib
 from dataclasses import dataclass
 from importlib import resources
 
-from loadfuzz.model import Evidence, Outcome, Verdict
+from loadfuzz.model import Evidence, Outcome, Verdict, signal_name
 
 DETAIL_LIMIT = 300
 
@@ -52,13 +52,6 @@ def load_catalogue(text: str | None = None) -> tuple[Signature, ...]:
     )
 
 
-def signal_name(number: int) -> str:
-    try:
-        return signals.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
 def _ending(ev: Evidence) -> tuple[Outcome, int | None]:
     """The outcome read off how the process ended, and the step it ended in (None: after all)."""
     running = ev.started - 1 if ev.started > ev.done else None
@@ -91,7 +84,7 @@ def _plain_detail(outcome: Outcome, step: int | None, ev: Evidence, output: str)
     if outcome is Outcome.ABORT:
         return f"aborted {where}{said}"
     if outcome is Outcome.CRASH:
-        return f"killed by {signal_name(ev.signal or 0)} {where}{said}"
+        return f"killed by {signal_name(ev.signal)} {where}{said}"
     if outcome is Outcome.EXIT:
         return f"the process exited with status {ev.exit_code} {where}"
     return "every step completed"

@@ -1,15 +1,26 @@
-"""Where the interpreter running loadfuzz keeps what trials borrow: torch's libraries and libpython.
+"""The machine loadfuzz runs on: torch's libraries, libpython, the import path and the cache folder.
 
 Looked up without importing torch (which takes seconds) and without any
-global cache: callers that need the answers often keep them.
+global cache: callers that need the answers often keep them. torch is not
+a requirement: where it is not installed, trials simply have no torch.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
 import sys
 import sysconfig
 from pathlib import Path
+
+# The file names of PyTorch's own libraries: libtorch*.so, libc10*.so (with any version suffix).
+TORCH_LIBRARY = re.compile(r"lib(torch\w*|c10\w*)\.so(\.\d+)*")
+
+
+def is_torch_library(file_name: str) -> bool:
+    """Whether a file (or NEEDED) name is one of PyTorch's libraries."""
+    return TORCH_LIBRARY.fullmatch(file_name) is not None
 
 
 def torch_lib_dir() -> Path | None:
@@ -33,3 +44,8 @@ def libpython_path() -> Path | None:
 def python_paths() -> list[str]:
     """The import path an embedded interpreter needs to see what this one sees."""
     return [p for p in sys.path if p]
+
+
+def cache_folder() -> Path:
+    """Where loadfuzz keeps what it derives from files: the built harness, unpacked wheels."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "loadfuzz"

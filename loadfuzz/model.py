@@ -1,14 +1,18 @@
-"""The shared vocabulary: the records every pipeline stage reads and writes.
+"""The shared vocabulary: the records every pipeline stage reads and writes, and how they are spelled.
 
 Nothing here does any work. Flags, outcomes, roles and step kinds are enums;
 steps, trial evidence and trial records are frozen dataclasses with an exact
-JSON form (the one `../shared/CONTRACT.md` documents).
+JSON form (the one docs/contract.md documents). How a step is typed on the
+command line, how a sequence is keyed, how a finding's headline reads, the
+names of signals and the glyph of each outcome are defined here once, for
+every stage and output that needs them.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
+import signal as signals
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,6 +89,88 @@ class Step:
 
 
 Sequence = tuple[Step, ...]
+Key = tuple[tuple[str, str, str], ...]  # a sequence as data: (kind, lib, flags) per step
+
+
+def sequence_key(seq: Iterable[Step]) -> Key:
+    """What makes two trials the same trial: the steps' kinds, library ids and flags."""
+    return tuple((s.kind.value, s.lib, s.flags.value) for s in seq)
+
+
+def json_key(record: Mapping[str, Any]) -> Key:
+    """`sequence_key` of a trial record in its JSON form."""
+    return tuple((s["kind"], s["lib"], s["flags"]) for s in record["sequence"])
+
+
+# step prefix on the command line -> (kind, flags mode; None: the command's default)
+STEP_PREFIXES: dict[str, tuple[StepKind, Flags | None]] = {
+    "global": (StepKind.DLOPEN, Flags.GLOBAL),
+    "local": (StepKind.DLOPEN, Flags.LOCAL),
+    "py": (StepKind.IMPORT, Flags.LOCAL),
+}
+
+
+def parse_step(text: str, default: Flags, locate: Callable[[str], Path | None]) -> Step:
+    """`[global:|local:|py:]ID-OR-PATH` -> a Step. `locate(name)` gives the path of a library
+    id, or None when `name` is no id (then it must be a file). Raises UsageError."""
+    prefix, sep, rest = text.partition(":")
+    known = bool(sep) and prefix in STEP_PREFIXES
+    kind, flags = STEP_PREFIXES[prefix] if known else (StepKind.DLOPEN, None)
+    name = rest if known else text
+    found = locate(name)
+    if found is not None:
+        return Step(kind, name, flags or default, found)
+    path = Path(name).absolute()
+    if not path.is_file():
+        raise UsageError(f"no such library: {name}")
+    return Step(kind, str(path), flags or default, path)
+
+
+def step_label(step: Mapping[str, Any]) -> str:
+    """A step (JSON form) as `run` spells it, with the library id: `global:lib/x.so`, `py:ext.so`."""
+    prefix = "py" if step["kind"] == StepKind.IMPORT.value else step["flags"]
+    return f"{prefix}:{step['lib']}"
+
+
+def plain_dlopens(steps: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether every step (JSON form) is a dlopen, all with one and the same flags mode."""
+    steps = list(steps)
+    return len({s["flags"] for s in steps}) == 1 and all(s["kind"] == "dlopen" for s in steps)
+
+
+def spell_sequence(steps: Iterable[Mapping[str, Any]]) -> str:
+    """Steps (JSON form) as people read them: `a -> b @ global` when all are dlopens with one
+    flags mode (the pytest plugin's test ids), else each with its prefix: `global:a -> py:b`."""
+    steps = list(steps)
+    if plain_dlopens(steps):
+        return " -> ".join(s["lib"] for s in steps) + f" @ {steps[0]['flags']}"
+    return " -> ".join(step_label(s) for s in steps)
+
+
+def signal_name(number: int | None) -> str | None:
+    """`SIGSEGV` for 11; None for None."""
+    if number is None:
+        return None
+    try:
+        return signals.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def headline(record: Mapping[str, Any]) -> str:
+    """A finding (JSON form) in one line: outcome, signature, operator, and the signal or
+    exit code where that is the news: `crash SIGSEGV`, `reregister executorch-reregister op`."""
+    parts = [record["outcome"], record.get("signature"), record.get("op")]
+    if record["outcome"] == Outcome.CRASH.value:
+        parts.append(signal_name(record.get("signal")))
+    if record["outcome"] == Outcome.EXIT.value and record.get("exit_code") is not None:
+        parts.append(f"exit code {record['exit_code']}")
+    return " ".join(str(p) for p in parts if p)
+
+
+# One letter per outcome, so that colour is never the only cue (terminal grid, heatmap).
+GLYPHS = {"clean": ".", "reregister": "R", "abort": "A", "crash": "C", "load-error": "L",
+          "exit": "E", "timeout": "T"}
 
 
 @dataclass(frozen=True)
@@ -154,9 +240,9 @@ class TrialRecord:
     def clean(self) -> bool:
         return self.outcome is Outcome.CLEAN
 
-    def key(self) -> tuple:
+    def key(self) -> Key:
         """What makes two records the same trial: the sequence (ids and flags)."""
-        return tuple((s.kind.value, s.lib, s.flags.value) for s in self.sequence)
+        return sequence_key(self.sequence)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -26,8 +26,11 @@ import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from loadfuzz.inventory import LOADER_HOOKS, REGISTRY_BY_NAME, STD_PREFIXES, ElfFacts, Inventory, Library
+from loadfuzz.elf.read import LOADER_HOOKS, STD_PREFIXES, ElfFacts
+from loadfuzz.inventory import Inventory, Library
 from loadfuzz.model import Flags, Outcome, Step, StepKind, TrialRecord
+from loadfuzz.plan import pairs
+from loadfuzz.registries import REGISTRY_BY_NAME
 
 
 @dataclass(frozen=True)
@@ -105,11 +108,10 @@ class Process:
         lib = self.library(obj)
         if lib is None:
             return None
+        entries = {entry.kind: entry for entry in lib.entries}
         for kind_name, ops in lib.registrations:
             kind = REGISTRY_BY_NAME[kind_name]
-            defined, imported = obj.entry_points(kind_name)
-            symbol = min(defined | imported) if defined | imported else None
-            copy = self.bind(obj, symbol, local) if symbol else None
+            copy = self.bind(obj, entries[kind_name].symbol, local)
             if copy is None:
                 continue
             registry = self.registries.setdefault((kind_name, copy.identity), {})
@@ -138,16 +140,11 @@ def replay(inv: Inventory, sequence: Sequence[Step]) -> Prediction:
     return Prediction(tuple(sequence), Outcome.CLEAN)
 
 
-def pair(first: Library, second: Library, flags: Flags) -> tuple[Step, Step]:
-    return (Step(StepKind.DLOPEN, first.id, flags, first.path),
-            Step(StepKind.DLOPEN, second.id, flags, second.path))
-
-
 def predict(inv: Inventory, libraries: Iterable[Library] | None = None,
             flags: Sequence[Flags] = (Flags.GLOBAL, Flags.LOCAL)) -> tuple[Prediction, ...]:
     """Every ordered pair under each flags mode that should not run clean."""
-    libs = tuple(inv.libraries if libraries is None else libraries)
-    found = (replay(inv, pair(a, b, mode)) for mode in flags for a in libs for b in libs if a != b)
+    libs = inv.libraries if libraries is None else libraries
+    found = (replay(inv, seq) for seq in pairs(libs, flags))
     return tuple(p for p in found if not p.clean)
 
 

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from loadfuzz.expect import Expectation
     from loadfuzz.inventory import Inventory, Library
     from loadfuzz.model import Flags, Sequence, TrialRecord
-    from loadfuzz.trial import Trials
+    from loadfuzz.run.trials import Trials
 
 RECORD_PROPERTY = "loadfuzz_record"  # the trial record (JSON) in each report's user_properties
 
@@ -71,32 +71,32 @@ class PairCheck:
     @classmethod
     def read(cls, config: pytest.Config) -> PairCheck:
         """Read the options and the target; any bad input is a one-line pytest usage error."""
-        from loadfuzz import inventory, plan
-        from loadfuzz.expect import load_expectations
+        from loadfuzz import plan
         from loadfuzz.model import Flags, UsageError
+        from loadfuzz.settings import CampaignSettings, TargetSpec
 
         option = config.getoption
         try:
-            inv = inventory.load_target(option("loadfuzz"),
-                                        [Path(p) for p in option("loadfuzz_add")])
-            libs = inv.select(option("loadfuzz_select"))
-            flags = Flags.parse_list(option("loadfuzz_flags"))
             expect = option("loadfuzz_expect")
-            expectations = load_expectations(Path(expect)) if expect else ()
+            settings = CampaignSettings(
+                TargetSpec(option("loadfuzz"), tuple(Path(p) for p in option("loadfuzz_add")),
+                           tuple(option("loadfuzz_select"))),
+                flags=Flags.parse_list(option("loadfuzz_flags")),
+                expect=Path(expect) if expect else None)
+            inv, libs = settings.target.load()
+            expectations = settings.expectations()
         except (UsageError, ValueError) as exc:
             raise usage_error(str(exc)) from None
         if len(libs) < 2:
             raise usage_error(f"{len(libs)} library selected in {inv.target}; a pair needs two")
-        work = plan.pairs([(lib.id, lib.path) for lib in libs], flags)
-        return cls(inv, libs, flags, work, expectations)
+        work = plan.pairs(libs, settings.flags)
+        return cls(inv, libs, settings.flags, work, expectations)
 
     def trials(self) -> Trials:
         if self._trials is None:
-            from loadfuzz import plan
-            from loadfuzz.trial import Trials
+            from loadfuzz.settings import RunSettings
 
-            needs_python, preload = plan.trial_hooks(self.libraries)
-            self._trials = Trials(needs_python=needs_python, preload=preload)
+            self._trials = RunSettings().trials(self.inventory, self.libraries)
         return self._trials
 
     def covering(self, record: TrialRecord) -> Expectation | None:
@@ -188,7 +188,10 @@ class Pairs(pytest.Collector):
 
 
 def pair_id(seq: Sequence) -> str:
-    return f"{seq[0].lib} -> {seq[1].lib} @ {seq[0].flags.value}"
+    """`<first id> -> <second id> @ <flags>`: how people spell a load order."""
+    from loadfuzz.model import spell_sequence
+
+    return spell_sequence(step.to_json() for step in seq)
 
 
 class PairItem(pytest.Item):
@@ -229,17 +232,12 @@ class PairFailed(Exception):
 
 
 def headline(record: TrialRecord) -> str:
-    """`reregister [executorch-reregister] quantized_decomposed::add.out at step 1`."""
-    words = [record.outcome.value]
-    if record.signature:
-        words.append(f"[{record.signature}]")
-    if record.op:
-        words.append(record.op)
-    if record.outcome.value == "crash":
-        words.append(f"signal {record.signal}")
-    if record.step is not None:
-        words.append(f"at step {record.step} ({record.sequence[record.step].lib})")
-    return " ".join(words)
+    """`reregister executorch-reregister quantized_decomposed::add.out at step 1 (extra/p.so)`."""
+    from loadfuzz import model
+
+    where = f" at step {record.step} ({record.sequence[record.step].lib})" if (
+        record.step is not None) else ""
+    return model.headline(record.to_json()) + where
 
 
 def failure_text(record: TrialRecord) -> str:

@@ -1,7 +1,8 @@
 """Bad input gets one clear line on stderr and exit 2: no traceback, nothing written."""
 
 import pytest
-from conftest import LEGACY_PLUGIN, QUANTIZED, loadfuzz
+
+from support import LEGACY_PLUGIN, QUANTIZED, loadfuzz
 
 
 def bad_toml(folder):

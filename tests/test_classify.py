@@ -175,6 +175,16 @@ def test_any_evidence_gets_exactly_one_outcome_and_never_raises(
                  len(output), 0.0, 0.0, leftovers),
         CATALOGUE,
     )
-    assert isinstance(verdict.outcome, Outcome)
-    assert isinstance(verdict.detail, str) and len(verdict.detail) < 400
+    text = f"{error}\n{output.decode('utf-8', 'replace')}"
+    ended_well = (not timed_out and signal_number is None and exit_code == 0
+                  and started == done and done >= steps)
+    assert (verdict.outcome is Outcome.CLEAN) == ended_well
+    if signal_number is not None and not timed_out:  # a signal is never an exit, nor clean
+        assert verdict.outcome not in (Outcome.EXIT, Outcome.CLEAN)
+    if verdict.signature is None:
+        assert verdict.op is None
+    else:  # a signature is only ever named from what the trial said
+        assert any(sig.name == verdict.signature and sig.pattern.search(text) for sig in CATALOGUE)
+        assert verdict.op in text
+    assert len(verdict.detail) < 400
     assert (verdict.step is None) == (verdict.outcome is Outcome.CLEAN or started <= done)

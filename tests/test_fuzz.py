@@ -11,10 +11,11 @@ them (a sequence of three).
 import json
 
 import pytest
-from conftest import FIXTURES, loadfuzz
 
-from loadfuzz.fuzz import simplify, step_options
 from loadfuzz.model import Flags, Outcome, Role, Step, StepKind, TrialRecord
+from loadfuzz.plan import step_options
+from loadfuzz.search.shrink import simplify
+from support import FIXTURES, loadfuzz
 
 CORPUS = FIXTURES / "corpus"
 PAIR = [("dlopen", "libcz_pair_a.so", "local"), ("dlopen", "libcz_pair_b.so", "local")]

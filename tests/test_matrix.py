@@ -19,13 +19,15 @@ import time
 
 import psutil
 import pytest
-from conftest import LEGACY_PLUGIN, LOADFUZZ, ROOT, loadfuzz
+
+from support import LEGACY_PLUGIN, LOADFUZZ, PAIRS_WITH_PLUGIN, ROOT, executorch_ids, loadfuzz
 
 PLUGIN = "extra/libquantized_ops_legacy_plugin.so"
 HOLDERS = ("lib/libexecutorch_kernels_quantized.so",
            "kernels/quantized/libquantized_ops_aot_lib.so")
 EXPECT = ROOT / "results" / "expectations" / "executorch.toml"
-SMALL = ("--select", "lib/*", "--select", PLUGIN, "--flags", "global")  # 9 libraries, 72 trials
+SMALL = ("--select", "lib/*", "--select", PLUGIN, "--flags", "global")
+SMALL_COUNT = sum(lib.startswith("lib/") for lib in executorch_ids()) + 1  # with the plugin
 
 
 def pair_of(record):
@@ -35,7 +37,7 @@ def pair_of(record):
 
 def test_the_findings_are_exactly_the_plugin_with_each_holder_of_the_kernels(legacy_matrix):
     summary, records = legacy_matrix
-    assert summary["trials"] == len(records) == 19 * 18 * 2
+    assert summary["trials"] == len(records) == PAIRS_WITH_PLUGIN
     expected = {(a, b, mode) for holder in HOLDERS for a, b in ((holder, PLUGIN), (PLUGIN, holder))
                 for mode in ("global", "local")}
     assert {pair_of(r) for r in summary["findings"]} == expected
@@ -65,7 +67,7 @@ def test_the_results_folder_holds_every_file_of_the_contract(legacy_matrix):
     assert names >= {"summary.json", "trials.jsonl", "report.md", "matrix.html", "junit.xml",
                      "repro"}
     junit = (__import__("pathlib").Path(out) / "junit.xml").read_text()
-    assert junit.count("<testcase ") == 19 * 18 * 2 and junit.count("<failure ") == 8
+    assert junit.count("<testcase ") == PAIRS_WITH_PLUGIN and junit.count("<failure ") == 8
 
 
 def test_the_union_of_three_shards_is_the_whole_matrix(tmp_path):
@@ -77,7 +79,7 @@ def test_the_union_of_three_shards_is_the_whole_matrix(tmp_path):
     trials = [[json.loads(line)["sequence"] for line in
                (tmp_path / name / "trials.jsonl").read_text().splitlines()]
               for name in ("whole", "shard1", "shard2", "shard3")]
-    assert sum(len(t) for t in trials[1:]) == len(trials[0]) == 72
+    assert sum(len(t) for t in trials[1:]) == len(trials[0]) == SMALL_COUNT * (SMALL_COUNT - 1)
     union = [seq for shard in trials[1:] for seq in shard]
     assert sorted(map(json.dumps, union)) == sorted(map(json.dumps, trials[0]))
     assert sorted(pair_of(r) for run in runs[1:] for r in run["findings"]) == sorted(
@@ -117,7 +119,7 @@ def resume_and_check(out):
     assert done.returncode == 1, done.stderr
     lines = (out / "trials.jsonl").read_text().splitlines()
     keys = [json.dumps(json.loads(line)["sequence"]) for line in lines]
-    assert len(keys) == len(set(keys)) == 19 * 18 * 2
+    assert len(keys) == len(set(keys)) == PAIRS_WITH_PLUGIN
     assert len(json.loads(done.stdout)["findings"]) == 8
 
 

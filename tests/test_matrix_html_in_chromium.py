@@ -14,9 +14,8 @@ import zlib
 from collections import Counter
 from pathlib import Path
 
-from test_report import AWKWARD, campaign, cells_of
-
-from loadfuzz import report
+from loadfuzz.report import html as matrix_html
+from support import AWKWARD, WITH_PLUGIN, campaign, cells_of
 
 CHROMIUM = Path("/usr/bin/chromium")
 QUIET = [
@@ -71,11 +70,11 @@ def elements_of(dom: str) -> Elements:
 
 def test_the_rendered_dom_holds_every_cell_and_the_script_counted_them(tmp_path: Path) -> None:
     summary, trials = campaign(extra=AWKWARD)
-    page = report.write_matrix_html(tmp_path, summary, trials)
+    page = matrix_html.write_matrix_html(tmp_path, summary, trials)
     dom = chromium(tmp_path, page, "--dump-dom").stdout
 
     cells = cells_of(dom)
-    assert len(cells) == 19 * 19 * 2
+    assert len(cells) == WITH_PLUGIN * WITH_PLUGIN * 2
     assert cells == cells_of(page.read_text(encoding="utf-8"))
     found = elements_of(dom)
     assert found.attrs["body"].get("data-ready") == "yes"
@@ -93,7 +92,7 @@ def with_script(tmp_path: Path, page: Path, script: str) -> Path:
 
 def test_clicking_a_cell_pins_its_trial_in_the_details_box(tmp_path: Path) -> None:
     summary, trials = campaign(extra=AWKWARD)
-    page = report.write_matrix_html(tmp_path, summary, trials)
+    page = matrix_html.write_matrix_html(tmp_path, summary, trials)
     clicked = with_script(tmp_path, page, "document.querySelector('td[data-outcome=\"crash\"]')"
                                           ".dispatchEvent(new MouseEvent('click'));")
     found = elements_of(chromium(tmp_path, clicked, "--dump-dom").stdout)
@@ -162,7 +161,7 @@ document.body.dataset.at = JSON.stringify(at);
 def test_a_screenshot_of_the_19_by_19_matrix_shows_each_cell_in_its_colour(
         tmp_path: Path) -> None:
     summary, trials = campaign()
-    page = report.write_matrix_html(tmp_path, summary, trials)
+    page = matrix_html.write_matrix_html(tmp_path, summary, trials)
     size = "--window-size=1100,960"  # the global panel: the local one is drawn below it
     shot = tmp_path / "matrix.png"
     chromium(tmp_path, page, f"--screenshot={shot}", size)
@@ -177,7 +176,7 @@ def test_a_screenshot_of_the_19_by_19_matrix_shows_each_cell_in_its_colour(
         return tuple(rows[y][3 * x:3 * x + 3])
 
     def colour(state: str, opacity: float = 1.0) -> tuple[int, ...]:
-        rgb = bytes.fromhex(report.CELL_STYLES[state][1][1:])
+        rgb = bytes.fromhex(matrix_html.CELL_STYLES[state][1][1:])
         return tuple(round(opacity * c + (1 - opacity) * 255) for c in rgb)  # over white
 
     for state in ("crash", "timeout", "abort"):  # the unexpected findings in the global panel

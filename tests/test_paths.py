@@ -12,13 +12,13 @@ confirmation.
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import FIXTURES
 
 from loadfuzz import inventory, plan
-from loadfuzz.campaign import sequence_key
-from loadfuzz.execute import Limits
-from loadfuzz.model import Flags
-from loadfuzz.trial import Trials, run_all
+from loadfuzz.model import Flags, sequence_key
+from loadfuzz.run.harness import Limits
+from loadfuzz.run.tiers import Tiers
+from loadfuzz.run.trials import Trials, run_all
+from support import FIXTURES
 
 LIMITS = Limits(timeout_s=5, mem_mb=4096)
 FOLDERS = ["corpus", "interpose", "signatures", "legacy", "sdk"]
@@ -35,11 +35,10 @@ def work(libraries):
     by_name = {lib.path.name: lib for lib in libraries}
     registry, weak_p, weak_q = (by_name[f"libcz_{name}.so"] for name in ("registry", "weak_p", "weak_q"))
     triples = [
-        (plan.dlopen(registry.id, registry.path, Flags.GLOBAL),
-         plan.dlopen(p.id, p.path, Flags.LOCAL), plan.dlopen(q.id, q.path, Flags.LOCAL))
+        (plan.dlopen(registry, Flags.GLOBAL), plan.dlopen(p, Flags.LOCAL), plan.dlopen(q, Flags.LOCAL))
         for p, q in [(weak_p, weak_q), (weak_q, weak_p)]
     ]
-    return plan.pairs([(lib.id, lib.path) for lib in libraries], [Flags.GLOBAL]) + triples
+    return plan.pairs(libraries, [Flags.GLOBAL]) + triples
 
 
 def verdicts(records):
@@ -48,14 +47,14 @@ def verdicts(records):
 
 def test_every_fixture_pair_has_one_verdict_cold_from_the_fork_server_and_from_row_servers(
         libraries, work):
-    needs_python, preload = plan.trial_hooks(libraries)
+    tiers = Tiers.of(libraries)
     runs = {}
-    with Trials(LIMITS, needs_python, cold=True) as cold:
+    with Trials(LIMITS, tiers, cold=True) as cold:
         run_all(cold, work, 2, runs.setdefault("cold", []).append)
-    with Trials(LIMITS, needs_python, preload) as forked, ThreadPoolExecutor(2) as pool:
+    with Trials(LIMITS, tiers) as forked, ThreadPoolExecutor(2) as pool:
         runs["fork-server"] = list(pool.map(forked.run, work))
         assert forked.disagreements == [] and forked.usage.rows_shared == 0
-    with Trials(LIMITS, needs_python, preload) as shared:
+    with Trials(LIMITS, tiers) as shared:
         run_all(shared, work, 2, runs.setdefault("shared prefix", []).append)
         assert shared.disagreements == []
         rows = [batch for batch in shared.batches(work) if len(batch) > 1]

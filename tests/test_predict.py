@@ -5,10 +5,9 @@ executorch 1.5.1 plus the legacy plugin, under both flags modes, predicted
 from the ELF files alone and observed by `matrix`.
 """
 
-from conftest import LEGACY_PLUGIN
-
 from loadfuzz import inventory, predict
 from loadfuzz.model import Flags, Outcome, Step, StepKind
+from support import LEGACY_PLUGIN, PAIRS_WITH_PLUGIN
 
 PLUGIN = "extra/libquantized_ops_legacy_plugin.so"
 QUANTIZED = "lib/libexecutorch_kernels_quantized.so"
@@ -64,7 +63,7 @@ def test_prediction_agrees_with_every_observed_pair(legacy_matrix):
                  (p.outcome.value, p.op) for p in predict.predict(inv)}
     observed = {(r["sequence"][0]["lib"], r["sequence"][1]["lib"], r["sequence"][0]["flags"]):
                 (r["outcome"], r["op"]) for r in records}
-    assert len(observed) == summary["trials"] == 19 * 18 * 2
+    assert len(observed) == summary["trials"] == PAIRS_WITH_PLUGIN
     disagree = {pair: (predicted.get(pair, ("clean", None)), seen)
                 for pair, seen in observed.items()
                 if predicted.get(pair, ("clean", None)) != seen}

@@ -18,9 +18,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from conftest import AOT, LEGACY_PLUGIN, QUANTIZED, ROOT, hostile
 
 from loadfuzz.api import Outcome, UsageError, run_load_order
+from support import AOT, LEGACY_PLUGIN, QUANTIZED, ROOT, hostile
 
 PYTEST = Path(sys.executable).parent / "pytest"
 SHIPPED = ROOT / "results" / "expectations" / "executorch.toml"
@@ -96,7 +96,7 @@ def test_a_failing_pair_shows_its_outcome_signature_op_detail_repro_and_record(w
         "reregister", "executorch-reregister", "quantized_decomposed::add.out", 1)
     section = run.stdout.split(f"_ {KQ_ID} -> {PLUGIN_ID} @ global _", 1)[1]
     lines = [line for line in section.splitlines()[1:] if not line.startswith("[gw")]  # xdist's
-    assert lines[0].startswith("reregister [executorch-reregister] quantized_decomposed::add.out")
+    assert lines[0].startswith("reregister executorch-reregister quantized_decomposed::add.out")
     assert lines[1] == f"detail: {record['detail']}"
     assert lines[2] == f"repro:  {record['repro']}"
     assert json.loads(lines[3].removeprefix("record: ")) == record
@@ -163,8 +163,8 @@ def test_a_folder_target_with_a_crashing_library_fails_both_orders_at_its_step(t
         "libfx_clean.so -> libfx_segv.so @ global": "failed",
         "libfx_segv.so -> libfx_clean.so @ global": "failed",
     }
-    assert (f"FAILED loadfuzz::libfx_clean.so -> libfx_segv.so @ global - crash "
-            f"signal {signal.SIGSEGV.value} at step 1 (libfx_segv.so)") in run.stdout
+    assert ("FAILED loadfuzz::libfx_clean.so -> libfx_segv.so @ global - crash "
+            f"{signal.SIGSEGV.name} at step 1 (libfx_segv.so)") in run.stdout
 
 
 @pytest.mark.parametrize(("args", "message"), [

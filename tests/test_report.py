@@ -10,7 +10,6 @@ of them.
 from __future__ import annotations
 
 import html.parser
-import importlib.util
 import json
 import os
 import shlex
@@ -23,141 +22,28 @@ from pathlib import Path
 import pytest
 
 from loadfuzz import report
-from loadfuzz.expect import Expectation, classify_findings, load_expectations
 from loadfuzz.model import Flags, Outcome, Step, StepKind, TrialRecord
-
-REPO = Path(__file__).resolve().parent.parent
-EXPECTATIONS = REPO / "results" / "expectations" / "executorch.toml"
-PLUGIN = "extra/libquantized_ops_legacy_plugin.so"
-# A library id as awkward as a path can make one: spaces, a newline, markup, non-ASCII.
-AWKWARD = "extra/my plugin\n<légacy> & \"quoted\" 'x' `tick`.so"
-KQ = "lib/libexecutorch_kernels_quantized.so"
-AOT = "kernels/quantized/libquantized_ops_aot_lib.so"
-
-
-def executorch_ids() -> list[str]:
-    """The library ids of the installed wheel: its .so paths relative to the package folder."""
-    spec = importlib.util.find_spec("executorch")
-    assert spec is not None and spec.submodule_search_locations, "executorch is not installed"
-    root = Path(next(iter(spec.submodule_search_locations)))
-    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*.so"))
-
-
-def record(first: str, second: str, flags: str, outcome: Outcome = Outcome.CLEAN,
-           **verdict: object) -> TrialRecord:
-    mode = Flags(flags)
-    steps = (Step(StepKind.DLOPEN, first, mode), Step(StepKind.DLOPEN, second, mode))
-    fields = {"step": None, "signature": None, "op": None, "signal": None, "exit_code": None,
-              "detail": "", **verdict}
-    repro = shlex.join([".venv/bin/loadfuzz", "run", "--target", "executorch", "--add",
-                        f"/tmp/fixtures/{second.rsplit('/', 1)[-1]}",
-                        f"{flags}:{first}", f"{flags}:{second}"])
-    return TrialRecord(sequence=steps, outcome=outcome, duration_s=0.05, peak_rss_mb=90.5,
-                       repro=repro, **fields)
-
-
-def reregister(first: str, second: str, flags: str) -> TrialRecord:
-    return record(first, second, flags, Outcome.REREGISTER, step=1,
-                  signature="executorch-reregister", op="quantized_decomposed::add.out",
-                  signal=6, detail="Re-registering quantized_decomposed::add.out")
-
-
-def campaign(extra: str = PLUGIN, not_run: int = 2) -> tuple[dict, list[dict]]:
-    """(summary, trials) of a finished `matrix` over the wheel plus `extra`, both flags modes.
-
-    The plugin collides with the run-time quantized kernels and with the aot
-    library (expected); five other pairs end in each of the other outcomes
-    (unexpected); the last `not_run` pairs of the local panel never ran; one
-    expectation, for a collision that went away, is stale.
-    """
-    ids = [*executorch_ids(), extra]
-    assert len(ids) == 19, ids
-    python_ext = "extension/pybindings/_C.cpython-311-x86_64-linux-gnu.so"
-    training = "extension/training/pybindings/_training_lib.cpython-311-x86_64-linux-gnu.so"
-    special = {
-        (KQ, extra, "global"): reregister(KQ, extra, "global"),
-        (extra, KQ, "global"): reregister(extra, KQ, "global"),
-        (KQ, extra, "local"): reregister(KQ, extra, "local"),
-        (extra, KQ, "local"): reregister(extra, KQ, "local"),
-        (AOT, extra, "global"): reregister(AOT, extra, "global"),
-        (extra, AOT, "local"): reregister(extra, AOT, "local"),
-        (python_ext, training, "global"): record(
-            python_ext, training, "global", Outcome.CRASH, step=1, signal=11,
-            detail="killed by SIGSEGV during step 1"),
-        ("lib/libexecutorch_backend_qnn.so", "lib/libexecutorch.so", "local"): record(
-            "lib/libexecutorch_backend_qnn.so", "lib/libexecutorch.so", "local",
-            Outcome.LOAD_ERROR, step=0,
-            detail="libQnnHtp.so: cannot open shared object file: No such file or directory"),
-        ("lib/libexecutorch_etdump.so", training, "global"): record(
-            "lib/libexecutorch_etdump.so", training, "global", Outcome.ABORT, step=1, signal=6,
-            detail="terminate called after throwing an instance of 'std::bad_alloc'"),
-        ("lib/libexecutorch_threadpool.so", extra, "local"): record(
-            "lib/libexecutorch_threadpool.so", extra, "local", Outcome.EXIT, step=1,
-            exit_code=3, detail="the process exited with status 3 during step 1"),
-        (training, "lib/libexecutorch_backend_xnnpack.so", "global"): record(
-            training, "lib/libexecutorch_backend_xnnpack.so", "global", Outcome.TIMEOUT, step=1,
-            detail="step 1 did not finish within 30 s"),
-    }
-    pairs = [(a, b, m) for m in ("global", "local") for a in ids for b in ids if a != b]
-    skipped = [p for p in pairs if p not in special][len(pairs) - len(special) - not_run:]
-    trials = [special.get(p) or record(*p) for p in pairs if p not in skipped]
-    findings = [t for t in trials if not t.clean]
-    gone = Expectation(first="lib/libexecutorch_backend_xnnpack.so",
-                       second="lib/libexecutorch_threadpool.so", orders="both", flags=(),
-                       outcome=Outcome.ABORT, op=None, source="executorch.toml:entry 3",
-                       why="The thread pool used to abort when loaded after the XNNPACK delegate.")
-    expected, unexpected, stale = classify_findings(
-        findings, [*load_expectations(EXPECTATIONS), gone])
-    summary = {
-        "target": "executorch",
-        "libraries": ids,
-        "flags": ["global", "local"],
-        "trials": len(trials),
-        "findings": [t.to_json() for t in findings],
-        "unexpected": [t.to_json() for t in unexpected],
-        "stale": [e.to_json() for e in stale],
-        "command": "matrix",
-        "version": "1.5.1",
-        "expected": [{"record": t.to_json(), "why": e.why} for t, e in expected],
-        "preload": [],
-        "throughput": 11.4,
-        "started": "2025-01-01T10:00:00Z",
-        "finished": "2025-01-01T10:01:00Z",
-    }
-    return summary, [t.to_json() for t in trials]
-
-
-class Cells(html.parser.HTMLParser):
-    """The heatmap cells of a matrix.html: the attributes of every <td data-outcome>."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.cells: list[dict[str, str]] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        values = {name: value or "" for name, value in attrs}
-        if tag == "td" and "data-outcome" in values:
-            self.cells.append(values)
-
-
-def cells_of(page: str) -> list[dict[str, str]]:
-    parser = Cells()
-    parser.feed(page)
-    return parser.cells
-
-
-def key(first: str, second: str, flags: str) -> tuple:
-    return tuple(("dlopen", lib, flags) for lib in (first, second))
-
+from loadfuzz.report import html as matrix_html
+from loadfuzz.report import junit, markdown, output, view
+from support import (
+    AWKWARD,
+    KQ,
+    PAIRS_WITH_PLUGIN,
+    PLUGIN,
+    WITH_PLUGIN,
+    campaign,
+    cells_of,
+    pair_key,
+)
 
 # --- junit.xml ---------------------------------------------------------------------
 
 
 def test_junit_has_one_testcase_per_ordered_pair_and_flags_mode(tmp_path: Path) -> None:
     summary, trials = campaign()
-    root = ET.parse(report.write_junit(tmp_path, summary, trials)).getroot()
+    root = ET.parse(junit.write_junit(tmp_path, summary, trials)).getroot()
     cases = root.findall("./testsuite/testcase")
-    assert len(cases) == 19 * 18 * 2
+    assert len(cases) == PAIRS_WITH_PLUGIN
     names = [case.get("name") for case in cases]
     assert len(set(names)) == len(names)
     assert f"{KQ} -> {PLUGIN} @ local" in names
@@ -168,10 +54,10 @@ def test_junit_has_one_testcase_per_ordered_pair_and_flags_mode(tmp_path: Path) 
 
 def test_junit_fails_unexpected_findings_and_skips_expected_ones(tmp_path: Path) -> None:
     summary, trials = campaign()
-    root = ET.parse(report.write_junit(tmp_path, summary, trials)).getroot()
+    root = ET.parse(junit.write_junit(tmp_path, summary, trials)).getroot()
     by_name = {case.get("name"): case for case in root.iter("testcase")}
     failed = {name for name, case in by_name.items() if case.find("failure") is not None}
-    unexpected = {report.sequence_label(r) for r in summary["unexpected"]}
+    unexpected = {view.sequence_label(r) for r in summary["unexpected"]}
     assert failed == unexpected and len(failed) == 5
 
     crash = by_name[f"{summary['unexpected'][0]['sequence'][0]['lib']} -> "
@@ -180,7 +66,7 @@ def test_junit_fails_unexpected_findings_and_skips_expected_ones(tmp_path: Path)
     assert "killed by SIGSEGV" in (crash.text or "")
     assert summary["unexpected"][0]["repro"] in (crash.text or "")
 
-    why = {report.sequence_label(e["record"]): e["why"] for e in summary["expected"]}
+    why = {view.sequence_label(e["record"]): e["why"] for e in summary["expected"]}
     assert len(why) == 6
     for name, text in why.items():
         skipped = by_name[name].find("skipped")
@@ -190,20 +76,20 @@ def test_junit_fails_unexpected_findings_and_skips_expected_ones(tmp_path: Path)
 
 def test_junit_skips_pairs_that_did_not_run_unless_a_shard_ran_them(tmp_path: Path) -> None:
     summary, trials = campaign(not_run=3)
-    root = ET.parse(report.write_junit(tmp_path, summary, trials)).getroot()
+    root = ET.parse(junit.write_junit(tmp_path, summary, trials)).getroot()
     not_run = [c for c in root.iter("testcase")
                if (s := c.find("skipped")) is not None and s.get("message") == "not run"]
     assert len(not_run) == 3
 
     summary["shard"] = "1/2"
-    root = ET.parse(report.write_junit(tmp_path, summary, trials)).getroot()
-    assert len(root.findall("./testsuite/testcase")) == 19 * 18 * 2 - 3
+    root = ET.parse(junit.write_junit(tmp_path, summary, trials)).getroot()
+    assert len(root.findall("./testsuite/testcase")) == PAIRS_WITH_PLUGIN - 3
 
 
 def test_junit_per_finding_has_one_testcase_per_distinct_finding(tmp_path: Path) -> None:
     summary, trials = campaign()
     summary["findings"].append(summary["findings"][0])  # the same sequence found twice
-    root = ET.parse(report.write_junit(tmp_path, summary, trials, per="finding")).getroot()
+    root = ET.parse(junit.write_junit(tmp_path, summary, trials, per="finding")).getroot()
     cases = root.findall("./testsuite/testcase")
     assert len(cases) == len(summary["findings"]) - 1
     assert sum(c.find("failure") is not None for c in cases) == len(summary["unexpected"])
@@ -212,14 +98,14 @@ def test_junit_per_finding_has_one_testcase_per_distinct_finding(tmp_path: Path)
 def test_junit_stays_valid_xml_whatever_a_library_id_holds(tmp_path: Path) -> None:
     odd = "extra/plugin\x01\x1b[31m\udcff.so"  # control bytes and an undecodable byte
     summary, trials = campaign(extra=odd)
-    path = report.write_junit(tmp_path, summary, trials)
+    path = junit.write_junit(tmp_path, summary, trials)
     names = [c.get("name") for c in ET.parse(path).getroot().iter("testcase")]
     assert f"{KQ} -> extra/plugin\\x01\\x1b[31m\\udcff.so @ global" in names
 
 
 def test_junit_time_comes_from_the_trials_durations(tmp_path: Path) -> None:
     summary, trials = campaign()
-    root = ET.parse(report.write_junit(tmp_path, summary, trials)).getroot()
+    root = ET.parse(junit.write_junit(tmp_path, summary, trials)).getroot()
     assert {c.get("time") for c in root.iter("testcase") if c.find("skipped") is None} == {
         "0.050"}
 
@@ -229,9 +115,9 @@ def test_junit_time_comes_from_the_trials_durations(tmp_path: Path) -> None:
 
 def test_matrix_html_has_a_cell_per_pair_per_flags_mode_with_its_outcome(tmp_path: Path) -> None:
     summary, trials = campaign(extra=AWKWARD)
-    page = report.write_matrix_html(tmp_path, summary, trials).read_text(encoding="utf-8")
+    page = matrix_html.write_matrix_html(tmp_path, summary, trials).read_text(encoding="utf-8")
     cells = cells_of(page)
-    assert len(cells) == 19 * 19 * 2
+    assert len(cells) == WITH_PLUGIN * WITH_PLUGIN * 2
     outcome = {tuple(map(tuple, (s.values() for s in t["sequence"]))): t["outcome"]
                for t in trials}
     for cell in cells:
@@ -239,7 +125,7 @@ def test_matrix_html_has_a_cell_per_pair_per_flags_mode_with_its_outcome(tmp_pat
         if first == second:
             assert cell["data-outcome"] == "diagonal"
         else:
-            assert cell["data-outcome"] == outcome.get(key(first, second, flags), "not-run")
+            assert cell["data-outcome"] == outcome.get(pair_key(first, second, flags), "not-run")
     assert Counter(c["data-outcome"] for c in cells)["not-run"] == 2
     awkward = [c for c in cells if c["data-first"] == AWKWARD and c["data-second"] == KQ]
     assert {c["data-outcome"] for c in awkward} == {"reregister"}
@@ -248,7 +134,7 @@ def test_matrix_html_has_a_cell_per_pair_per_flags_mode_with_its_outcome(tmp_pat
 
 def test_matrix_html_escapes_what_a_library_id_holds(tmp_path: Path) -> None:
     summary, trials = campaign(extra=AWKWARD)
-    page = report.write_matrix_html(tmp_path, summary, trials).read_text(encoding="utf-8")
+    page = matrix_html.write_matrix_html(tmp_path, summary, trials).read_text(encoding="utf-8")
     assert "<légacy>" not in page and "&lt;légacy&gt;" in page
     tooltip = next(c["title"] for c in cells_of(page)
                    if c["data-first"] == KQ and c["data-second"] == AWKWARD)
@@ -259,7 +145,7 @@ def test_matrix_html_escapes_what_a_library_id_holds(tmp_path: Path) -> None:
 
 def test_matrix_html_needs_no_network(tmp_path: Path) -> None:
     summary, trials = campaign()
-    page = report.write_matrix_html(tmp_path, summary, trials).read_text(encoding="utf-8")
+    page = matrix_html.write_matrix_html(tmp_path, summary, trials).read_text(encoding="utf-8")
     for remote in ("http://", "https://", "<link", " src=", "@import", "url("):
         assert remote not in page
 
@@ -276,7 +162,7 @@ def test_matrix_html_of_a_fuzz_campaign_is_the_findings_table(tmp_path: Path) ->
         repro="loadfuzz run a b c").to_json()
     fuzz = {**summary, "command": "fuzz", "findings": [three], "unexpected": [three],
             "expected": []}
-    page = report.write_matrix_html(tmp_path, fuzz, [three]).read_text(encoding="utf-8")
+    page = matrix_html.write_matrix_html(tmp_path, fuzz, [three]).read_text(encoding="utf-8")
     assert cells_of(page) == []
     assert '<table class="findings">' in page and "loadfuzz run a b c" in page
 
@@ -286,7 +172,7 @@ def test_matrix_html_of_a_fuzz_campaign_is_the_findings_table(tmp_path: Path) ->
 
 def test_report_md_says_what_was_tested_and_counts_outcomes(tmp_path: Path) -> None:
     summary, trials = campaign()
-    text = report.write_report_md(tmp_path, summary, trials).read_text(encoding="utf-8")
+    text = markdown.write_report_md(tmp_path, summary, trials).read_text(encoding="utf-8")
     assert text == report.markdown_summary(summary, trials)
     assert "`executorch`" in text and "`1.5.1`" in text
     for lib in summary["libraries"]:
@@ -302,7 +188,7 @@ def test_report_md_says_how_many_rows_shared_their_first_step_and_why_others_did
     summary, trials = campaign()
     summary["servers"] = {"servers": 3, "server_start_s": 0.3, "rows_shared": 36,
                           "row_start_s": 0.1, "rows_not_shared": {"the prefix started a thread": 2}}
-    text = report.write_report_md(tmp_path, summary, trials).read_text(encoding="utf-8")
+    text = markdown.write_report_md(tmp_path, summary, trials).read_text(encoding="utf-8")
     assert "- Shared prefixes: 36 rows (not shared: the prefix started a thread: 2)" in text
     del summary["servers"]
     assert "Shared prefixes" not in report.markdown_summary(summary, trials)
@@ -389,15 +275,15 @@ def test_summary_json_keeps_an_undecodable_byte_of_a_path(tmp_path: Path) -> Non
 def test_a_failed_write_leaves_the_old_file_whole(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     summary, trials = campaign()
-    path = report.write_report_md(tmp_path, summary, trials)
+    path = markdown.write_report_md(tmp_path, summary, trials)
     before = path.read_bytes()
 
     def refuse(src: str, dst: str) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(report.os, "replace", refuse)
+    monkeypatch.setattr(output.os, "replace", refuse)
     with pytest.raises(OSError, match="disk full"):
-        report.write_report_md(tmp_path, {**summary, "version": "9.9"}, trials)
+        markdown.write_report_md(tmp_path, {**summary, "version": "9.9"}, trials)
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["report.md"]
 
@@ -405,7 +291,7 @@ def test_a_failed_write_leaves_the_old_file_whole(tmp_path: Path,
 def test_matrix_html_column_headers_are_short_with_the_full_id_in_their_title(
         tmp_path: Path) -> None:
     summary, trials = campaign(extra=AWKWARD)
-    page = report.write_matrix_html(tmp_path, summary, trials).read_text(encoding="utf-8")
+    page = matrix_html.write_matrix_html(tmp_path, summary, trials).read_text(encoding="utf-8")
 
     class Headers(html.parser.HTMLParser):
         def __init__(self) -> None:
@@ -420,7 +306,7 @@ def test_matrix_html_column_headers_are_short_with_the_full_id_in_their_title(
     headers = Headers()
     headers.feed(page)
     assert headers.titles == summary["libraries"] * 4  # columns, then rows, in both panels
-    assert report.short_name("lib/libexecutorch_kernels_quantized.so") == (
+    assert matrix_html.short_name("lib/libexecutorch_kernels_quantized.so") == (
         "executorch_kernels_quantized")
-    assert report.short_name("extension/pybindings/_C.cpython-311-x86_64-linux-gnu.so") == "_C"
-    assert report.short_name(AWKWARD) == "my plugin\\n<légacy> & \"quot…"
+    assert matrix_html.short_name("extension/pybindings/_C.cpython-311-x86_64-linux-gnu.so") == "_C"
+    assert matrix_html.short_name(AWKWARD) == "my plugin\\n<légacy> & \"quot…"

@@ -3,9 +3,9 @@
 import json
 
 import pytest
-from conftest import FIXTURES, LEGACY_PLUGIN, loadfuzz
 
-from loadfuzz.repro import read_message
+from loadfuzz.search.repro import read_message
+from support import FIXTURES, LEGACY_PLUGIN, loadfuzz
 
 ET_LINE = ("E 00:00:01.634411 executorch:operator_registry.cpp:102] Re-registering "
            "quantized_decomposed::add.out, from NOT_SUPPORTED")

@@ -9,28 +9,34 @@ import json
 import os
 import signal
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-from conftest import (
+
+from loadfuzz import inventory
+from loadfuzz.model import Flags, Outcome, StepKind
+from loadfuzz.plan import pairs
+from loadfuzz.run.harness import Harness, HarnessDied, HarnessStep, Limits, run_cold
+from loadfuzz.run.tiers import Tiers
+from loadfuzz.run.trials import Trials, run_all
+from support import (
     AOT,
     ET,
     EXTENSION,
+    FIXTURES,
     LEGACY_PLUGIN,
     LOADFUZZ,
     PATHS,
     QUANTIZED,
+    Lib,
     hostile,
     step,
     trials_on,
 )
-
-from loadfuzz.execute import Harness, HarnessStep, Limits, run_cold
-from loadfuzz.model import Flags, Outcome, StepKind
-from loadfuzz.plan import pairs
-from loadfuzz.trial import Trials
 
 LIMITS = Limits(timeout_s=2, mem_mb=4096)
 CLEAN = hostile("clean")
@@ -110,9 +116,36 @@ def test_a_flood_of_output_is_bounded_in_the_record_and_in_loadfuzz():
     assert psutil.Process().memory_info().rss - rss_before < 50 * 2**20
 
 
-def test_no_core_file_is_written(tmp_path, trials):
-    trials.run((step(hostile("segv")),))
-    assert not list(tmp_path.glob("core*")) and not list(Path.cwd().glob("core*"))
+def core_files_go_to() -> tuple[Path, str]:
+    """Where the kernel writes a core of the core probe, and the start of its name."""
+    pattern = Path("/proc/sys/kernel/core_pattern").read_text().strip()
+    if pattern.startswith("|"):
+        pytest.skip(f"cores are piped to a program here ({pattern}): no file to look for")
+    where = Path(pattern.split("%")[0])
+    folder = where.parent if where.is_absolute() else FIXTURES / "core-probe"
+    return folder, where.name
+
+
+def cores_in(folder: Path, prefix: str) -> list[Path]:
+    return [p for p in folder.glob(f"{prefix}*") if p.is_file()]
+
+
+def test_a_crash_leaves_no_core_file_where_the_kernel_would_write_one(trials):
+    probe = hostile("core_probe")
+    folder, prefix = core_files_go_to()
+    for old in cores_in(folder, prefix):
+        old.unlink()
+    # the control: the same crash in a plain process that allows cores leaves one there
+    subprocess.run([sys.executable, "-c", "import ctypes, resource, sys; resource.setrlimit("
+                    "resource.RLIMIT_CORE, (resource.RLIM_INFINITY,) * 2); ctypes.CDLL(sys.argv[1])",
+                    str(probe)], capture_output=True)
+    written = cores_in(folder, prefix)
+    assert written, f"the control crash left no core in {folder}: this check would see nothing"
+    for core in written:
+        core.unlink()
+    record = trials.run((step(CLEAN), step(probe)))
+    assert (record.outcome, record.step, record.signal) == (Outcome.CRASH, 1, signal.SIGSEGV)
+    assert cores_in(folder, prefix) == []
 
 
 def test_the_next_forked_trial_is_not_deadlocked_by_a_thread_holding_a_lock():
@@ -174,8 +207,8 @@ def test_what_the_shared_first_step_printed_opens_the_output_of_each_trial_as_co
 
 
 def test_a_matrix_row_is_one_batch_and_a_cold_runner_shares_nothing():
-    libs = [(f"lib{n}", hostile(name)) for n, name in enumerate(["clean", "segv", "exit7", "flood",
-                                                                 "spin"])]
+    libs = [Lib(f"lib{n}", hostile(name))
+            for n, name in enumerate(["clean", "segv", "exit7", "flood", "spin"])]
     work = pairs(libs, [Flags.GLOBAL, Flags.LOCAL])
     with Trials(LIMITS) as fast, Trials(LIMITS, cold=True) as cold:
         assert [len(batch) for batch in fast.batches(work)] == [4] * 10
@@ -246,10 +279,57 @@ def test_trials_do_not_inherit_ld_preload(monkeypatch):
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("second", [QUANTIZED, AOT], ids=["kernels", "aot-lib"])
 def test_the_seed_pair_is_classified_the_same_on_every_path(path, second):
-    # the export plugin's closure has libtorch_python: it needs libpython, as a Python process has
-    with trials_on(path, LIMITS, needs_python=lambda seq: second == AOT) as runner:
+    # tiers as a campaign over the wheel plus the plugin has them: the export plugin's closure
+    # has libtorch_python, so it needs libpython (as a Python process has it) and torch preloaded
+    tiers = Tiers.of(inventory.load_target("executorch", [LEGACY_PLUGIN]).libraries)
+    with trials_on(path, LIMITS, tiers=tiers) as runner:
         record = runner.run((step(LEGACY_PLUGIN), step(second)))
     assert (record.outcome, record.signature, record.op, record.step) == (
         Outcome.REREGISTER, "executorch-reregister", "quantized_decomposed::add.out", 1)
     assert record.via == {"cold": "cold", "fork-server": "fork-server, confirmed cold",
                           "shared-prefix": "shared prefix, confirmed cold"}[path]
+
+
+@pytest.mark.parametrize("preload, why", [
+    ("libnowhere.so", "preloading failed"),  # the server says so
+    ("exit7", "the harness died"),  # the server is gone before its greeting
+    ("segv", "the harness died"),
+])
+def test_a_server_that_cannot_start_leaves_no_process_and_no_scratch_folder(
+        tmp_path, monkeypatch, preload, why):
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    path = tmp_path / preload if preload.endswith(".so") else hostile(preload)
+    children_before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(HarnessDied, match=why):
+        Harness((HarnessStep("l", path),))
+    assert list(scratch.iterdir()) == []
+    assert alive_children(children_before) == []
+
+
+def alive_children(before):
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.pid not in before and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def test_trials_whose_fork_server_cannot_start_run_cold_and_the_summary_says_why(tmp_path):
+    broken = ((HarnessStep("l", tmp_path / "libnowhere.so"),),) * 3
+    tiers = Tiers(frozenset(), {}, broken)
+    libs = [Lib(f"lib{n}", hostile(name)) for n, name in enumerate(["clean", "segv", "exit7",
+                                                                      "sigbus", "clean"])]
+    work = pairs(libs, [Flags.GLOBAL])
+    records = []
+    with Trials(LIMITS, tiers) as runner:
+        run_all(runner, work, 2, records.append)
+    assert len(records) == len(work) and {r.via for r in records} == {"cold"}
+    by_pair = {(r.sequence[0].lib, r.sequence[1].lib): r.outcome for r in records}
+    assert by_pair[("lib0", "lib1")] is Outcome.CRASH and by_pair[("lib0", "lib4")] is Outcome.CLEAN
+    assert runner.usage.servers == 0
+    assert list(runner.usage.servers_failed) == ["libnowhere.so"]

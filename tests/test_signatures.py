@@ -7,10 +7,10 @@ get the same outcome, signature and name on each.
 """
 
 import pytest
-from conftest import FIXTURES, PATHS, step, trials_on
 
-from loadfuzz.execute import Limits
 from loadfuzz.model import Flags, Outcome, StepKind
+from loadfuzz.run.harness import Limits
+from support import FIXTURES, PATHS, step, trials_on
 
 SIG = FIXTURES / "signatures"
 

@@ -14,8 +14,8 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-from loadfuzz.execute import HarnessStep, Limits, run_cold
 from loadfuzz.hostenv import libpython_path
+from loadfuzz.run.harness import HarnessStep, Limits, run_cold
 
 SITE = Path(sysconfig.get_paths()["purelib"])
 ET = SITE / "executorch"

@@ -24,79 +24,33 @@ libraries, `local` before `global`) and deduplicated on its identity:
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
-import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from hypothesis import HealthCheck, Phase, given, seed, settings, target
 from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from loadfuzz import cli, plan, predict
-from loadfuzz.campaign import (
-    Campaign,
-    Progress,
-    ResultsFolder,
-    RunOnce,
-    default_out,
-    exit_status,
-    run_work,
-    sequence_key,
-    summarize,
-    utc_now,
-    write_results,
-)
-from loadfuzz.inventory import Inventory, Library
-from loadfuzz.model import Flags, Role, Step, StepKind, TrialRecord, UsageError
+from loadfuzz import plan, predict
+from loadfuzz.campaign import Prepared, RunOnce, Watcher, run_work, summarize
+from loadfuzz.inventory import Inventory
+from loadfuzz.model import Flags, Step, StepKind, TrialRecord, UsageError, sequence_key
 from loadfuzz.model import Sequence as Steps
+from loadfuzz.results import utc_now
+from loadfuzz.search.shrink import Identity, simplicity, simplify
 
 ROUND_EXAMPLES = 150  # examples per Hypothesis round; the budget is checked between rounds
-
-
-def step_options(libs: Sequence[Library], flags: Sequence[Flags]) -> list[Step]:
-    """Every way to load one library, simplest first: earlier library, `local`, `global`, `py:`."""
-    order = [mode for mode in (Flags.LOCAL, Flags.GLOBAL) if mode in flags]
-    options = []
-    for lib in libs:
-        options += [Step(StepKind.DLOPEN, lib.id, mode, lib.path) for mode in order]
-        if lib.role is Role.PYTHON_EXTENSION:
-            options.append(Step(StepKind.IMPORT, lib.id, Flags.LOCAL, lib.path))
-    return options
 
 
 def sequences(options: Sequence[Step], first: Sequence[Step], max_len: int) -> st.SearchStrategy:
     """Sequences of 1..max_len steps whose first step is one of `first` (this shard's)."""
     return st.builds(lambda head, tail: (head, *tail), st.sampled_from(first),
                      st.lists(st.sampled_from(options), max_size=max_len - 1))
-
-
-def simplicity(seq: Steps, options: Sequence[Step]) -> tuple:
-    """Shortlex order: fewer steps first, then earlier options (earlier library, local)."""
-    return (len(seq), [options.index(s) if s in options else len(options) for s in seq])
-
-
-@dataclass(frozen=True)
-class Identity:
-    """What makes two failures the same failure."""
-
-    outcome: str
-    signature: str | None
-    op: str | None
-    libraries: frozenset[str]
-
-    @classmethod
-    def of(cls, record: TrialRecord) -> Identity:
-        libs = frozenset(s.lib for s in record.sequence[:(record.step or 0) + 1])
-        return cls(record.outcome.value, record.signature, record.op, libs)
-
-    def rough(self, record: TrialRecord) -> tuple:
-        """Before shrinking, the set is not known yet: the failing step's library stands in."""
-        return (self.outcome, self.signature, self.op, record.sequence[record.step or 0].lib)
 
 
 @dataclass
@@ -176,37 +130,6 @@ def leaves(group: BaseExceptionGroup) -> list[BaseException]:
     return found
 
 
-def simplify(record: TrialRecord, run: Callable[[Steps], TrialRecord],
-             options: Sequence[Step]) -> TrialRecord:
-    """Greedy shrink to a fixpoint, keeping (outcome, signature, op): cut the steps after the
-    failing one, drop steps, move to earlier options (earlier library, `local` before
-    `global`). Hypothesis has shrunk search findings already; this normalises the others."""
-
-    def same(candidate: TrialRecord) -> bool:
-        return (candidate.outcome, candidate.signature, candidate.op) == (
-            record.outcome, record.signature, record.op)
-
-    best = record
-    if best.step is not None and best.step + 1 < len(best.sequence):
-        cut = run(best.sequence[:best.step + 1])
-        best = cut if same(cut) else best
-    improved = True
-    while improved:
-        improved = False
-        seq = best.sequence
-        candidates = [seq[:i] + seq[i + 1:] for i in range(len(seq)) if len(seq) > 1]
-        for i, current in enumerate(seq):
-            simpler = [o for o in options[:options.index(current)]
-                       if o.lib == current.lib] if current in options else []
-            candidates += [(*seq[:i], o, *seq[i + 1:]) for o in simpler]
-        for candidate in candidates:
-            tried = run(candidate)
-            if same(tried):
-                best, improved = tried, True
-                break
-    return best
-
-
 # --- the example database: minimal sequences by target -------------------------------
 
 
@@ -234,65 +157,66 @@ def remember(inv: Inventory, db: DirectoryBasedExampleDatabase, record: TrialRec
     db.save(database_key(inv), value)
 
 
-# --- the command ---------------------------------------------------------------------
+# --- the campaign --------------------------------------------------------------------
 
 
-def command(args: argparse.Namespace) -> int:
-    budget_end = time.monotonic() + args.budget
-    inv = cli.load_inventory(args)
-    libs = inv.select(args.select)
-    expectations = cli.expectations_of(args)
-    base_seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
-    out = args.out or default_out(inv.name, inv.version)
-    folder = ResultsFolder(out, False, inv.locate)
-    db = DirectoryBasedExampleDatabase(db_folder(args.db))
-    options = step_options(libs, args.flags)
-    first_libs = {lib.id for lib in args.shard.take(list(libs))}  # this shard's first steps
-    first = [o for o in options if o.lib in first_libs]
-    campaign = Campaign("fuzz", inv.target, inv.name, inv.version, tuple(lib.id for lib in libs),
-                        args.flags, expectations, out,
-                        shard=None if args.shard == plan.WHOLE else str(args.shard))
+@dataclass(frozen=True)
+class FuzzOptions:
+    """What only a fuzz campaign is asked: its budget, sequence length, seed and database."""
+
+    budget_s: float = 600.0
+    max_len: int = 4
+    seed: int | None = None  # None: one drawn at random (and reported in the summary)
+    db: Path = Path("results/.hypothesis")
+
+
+def run_fuzz(campaign: Prepared, options: FuzzOptions, watcher: Watcher,
+             ) -> tuple[dict[str, Any], list[TrialRecord]]:
+    """The three phases within the budget, into the results folder; the summary and every
+    record, reports written."""
+    budget_end = time.monotonic() + options.budget_s
+    settings_, inv, libs = campaign.settings, campaign.inv, campaign.libs
+    db = DirectoryBasedExampleDatabase(db_folder(options.db))
+    base_seed = options.seed if options.seed is not None else random.SystemRandom().randrange(2**32)
+    step_choices = plan.step_options(libs, settings_.flags)
+    first_libs = {lib.id for lib in settings_.shard.take(list(libs))}  # this shard's first steps
+    first = [o for o in step_choices if o.lib in first_libs]
     started, clock = utc_now(), time.monotonic()
-    folder.open()
+    campaign.folder.open()
     rounds = 0
     try:
-        with cli.trials_for(inv, libs, args) as trials:
-            progress = Progress(0, "fuzz")
-            fuzzer = Fuzzer(inv, RunOnce(trials, folder, progress), options)
+        with campaign.trials() as trials:
+            fuzzer = Fuzzer(inv, RunOnce(trials, campaign.folder, watcher), step_choices)
             runs = fuzzer.run.runs
             in_shard = [seq for seq in replayable(inv, db) if seq[0].lib in first_libs]
-            predicted = [p.sequence for p in predict.predict(inv, libs, args.flags)
+            predicted = [p.sequence for p in predict.predict(inv, libs, settings_.flags)
                          if p.sequence[0].lib in first_libs]
             for phase, work in (("replay", in_shard), ("predicted", predicted)):
                 work = [seq for seq in work if sequence_key(seq) not in runs]
-                records = run_work(work, trials, folder, args.jobs, progress)
+                records = run_work(work, trials, campaign.folder, settings_.run.jobs, watcher)
                 runs.update((record.key(), record) for record in records)
                 for record in records:
                     if not record.clean:
                         fuzzer.keep(record, phase)
             while time.monotonic() < budget_end and first:
-                fuzzer.search_round(rounds, base_seed, first, args.max_len)
+                fuzzer.search_round(rounds, base_seed, first, options.max_len)
                 rounds += 1
-            progress.finish()
-            findings = sorted(fuzzer.found.values(), key=lambda r: simplicity(r.sequence, options))
+            findings = sorted(fuzzer.found.values(),
+                              key=lambda r: simplicity(r.sequence, step_choices))
             for record in findings:
                 remember(inv, db, record)
-            elapsed = time.monotonic() - clock
-            campaign.extra.update(
-                seed=base_seed, rounds=rounds, max_len=args.max_len, db=str(args.db),
-                found=[{"sequence": [s.to_json() for s in r.sequence],
-                        "phase": fuzzer.origins[Identity.of(r)][0],
-                        "after_s": fuzzer.origins[Identity.of(r)][1]} for r in findings])
+            found = [{"sequence": [s.to_json() for s in r.sequence],
+                      "phase": fuzzer.origins[Identity.of(r)][0],
+                      "after_s": fuzzer.origins[Identity.of(r)][1]} for r in findings]
             summary = summarize(campaign, runs.values(), findings, trials, started,
-                                elapsed)
-    except KeyboardInterrupt:
-        print(f"interrupted: the trials run so far are in {folder.trials_path}", file=sys.stderr)
-        return 130
+                                time.monotonic() - clock, seed=base_seed, rounds=rounds,
+                                max_len=options.max_len, db=str(options.db), found=found)
     finally:
-        folder.close()
-    write_results(folder, summary, list(runs.values()), per="finding")
-    cli.print_summary(summary, args.json)
-    return exit_status(summary)
+        watcher.close()
+        campaign.folder.close()
+    records = list(runs.values())
+    campaign.folder.write_reports(summary, records, per="finding")
+    return summary, records
 
 
 def db_folder(path: Path) -> Path:
@@ -300,4 +224,3 @@ def db_folder(path: Path) -> Path:
     if path.exists() and not path.is_dir():
         raise UsageError(f"--db {path}: not a folder")
     return path
-

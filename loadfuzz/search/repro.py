@@ -10,27 +10,25 @@
    loaded `global` (a registry only reachable through the global scope),
    each under both flags modes, until a trial ends with the same signature and
    operator (or, for an unknown line, prints it).
-4. **Shrink** the first that does (`fuzz.simplify`), print it with its repro
-   command and write a standalone `repro.sh`. When nothing reproduces, say
-   what was tried.
+4. **Shrink** the first that does (`shrink.simplify`) and write a standalone
+   `repro.sh`. When nothing reproduces, the result says what was tried.
 """
 
 from __future__ import annotations
 
-import argparse
 import itertools
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
-from loadfuzz import cli, predict, report
-from loadfuzz.campaign import ResultsFolder, RunOnce, default_out
+from loadfuzz import predict, report
+from loadfuzz.campaign import Prepared, RunOnce, Watcher
 from loadfuzz.classify import load_catalogue
-from loadfuzz.fuzz import simplify, step_options
 from loadfuzz.inventory import Inventory, Library
-from loadfuzz.model import Flags, Step, StepKind, TrialRecord, UsageError
+from loadfuzz.model import Flags, TrialRecord, UsageError
 from loadfuzz.model import Sequence as Steps
+from loadfuzz.plan import dlopen, step_options
+from loadfuzz.search.shrink import simplify
 
 MOST_TRIALS = 2000  # a bound on the orders tried before giving up
 ABORT_WORDS = ("abort", "terminate", "fatal", "error", "re-registering", "registered")
@@ -72,17 +70,6 @@ def read_message(text: str) -> Message:
     return Message((telling or lines)[0], None, None)
 
 
-def message_of(args: argparse.Namespace) -> str:
-    if (args.message is None) == (args.log is None):
-        raise UsageError("give either a MESSAGE or --log FILE (not both)")
-    if args.log is None:
-        return args.message
-    try:
-        return args.log.read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise UsageError(f"--log {args.log}: {exc.strerror or exc}") from None
-
-
 def carriers(inv: Inventory, message: Message) -> list[Library]:
     """The libraries that register the operator (by their registrations or by its bytes)."""
     if message.op is None:
@@ -109,65 +96,39 @@ def orders(inv: Inventory, candidates: Sequence[Library]) -> Iterator[Steps]:
     pairs.sort(key=lambda seq: predict.replay(inv, seq).clean)  # predicted collisions first
     yield from singles
     yield from pairs
-    others = [Step(StepKind.DLOPEN, lib.id, Flags.GLOBAL, lib.path) for lib in inv.libraries]
+    others = [dlopen(lib, Flags.GLOBAL) for lib in inv.libraries]
     for before in others:
         for a, b in pairs:
             if before.lib not in (a.lib, b.lib):
                 yield (before, a, b)
 
 
-def command(args: argparse.Namespace) -> int:
-    message = read_message(message_of(args))
-    inv = cli.load_inventory(args)
+def reproduce(campaign: Prepared, message: Message, watcher: Watcher) -> dict[str, Any]:
+    """Try the candidates' orders until one ends as the message says; the `repro --json` object.
+    Every trial goes to the results folder, with summary.json and, when reproduced, repro.sh."""
+    inv = campaign.inv
     candidates = candidates_of(inv, message)
-    stamped = default_out(inv.name, inv.version)
-    out = args.out or stamped.with_name(f"{stamped.name}-repro")
-    folder = ResultsFolder(out, False, inv.locate)
     tried = 0
     found: TrialRecord | None = None
-    folder.open()
+    campaign.folder.open()
     try:
-        with cli.trials_for(inv, candidates or inv.libraries, args) as trials:
-            run = RunOnce(trials, folder)
+        with campaign.trials(candidates or inv.libraries) as trials:
+            run = RunOnce(trials, campaign.folder, watcher)
             for seq in itertools.islice(orders(inv, candidates), MOST_TRIALS) if candidates else ():
                 tried += 1
                 record = run(seq)
                 if message.matches(record):
-                    options = step_options(inv.libraries, (Flags.LOCAL, Flags.GLOBAL))
-                    found = simplify(record, run, options)
+                    found = simplify(record, run, step_options(inv.libraries,
+                                                               (Flags.LOCAL, Flags.GLOBAL)))
                     break
     finally:
-        folder.close()
+        watcher.close()
+        campaign.folder.close()
     result = {"message": message.text, "signature": message.signature, "op": message.op,
               "candidates": [lib.id for lib in candidates], "reproduced": found is not None,
-              "record": found.to_json() if found else None, "tried": tried, "out": str(out)}
-    report.write_summary_json(out, result)
+              "record": found.to_json() if found else None, "tried": tried,
+              "out": str(campaign.out)}
+    report.write_summary_json(campaign.out, result)
     if found is not None:
-        report.write_repro_script(out, found.to_json())
-    print_result(result, args.json, inv)
-    return 0 if found is not None else 1
-
-
-def print_result(result: dict, as_json: bool, inv: Inventory) -> None:
-    if as_json:
-        print(json.dumps(result, indent=2, ensure_ascii=False))
-        return
-    what = f"{result['signature']} {result['op']}" if result["signature"] else "an unknown line"
-    print(f"message: {result['message']}  [{what}]")
-    if not result["candidates"]:
-        print(f"not reproduced: no library of {inv.target} carries {result['op']}")
-        return
-    print(f"candidates: {', '.join(result['candidates'])}")
-    record = result["record"]
-    if record is None:
-        print(f"not reproduced: {result['tried']} load orders of the candidates tried, under "
-              f"both flags modes; none ended that way (trials: {result['out']}/trials.jsonl)")
-        return
-    seq = " -> ".join(f"{s['flags']}:{s['lib']}" if s["kind"] == "dlopen" else f"py:{s['lib']}"
-                      for s in record["sequence"])
-    print(f"reproduced after {result['tried']} orders; minimal sequence: {seq}")
-    print(f"  {record['outcome']} at step {record['step']}: {record['detail']}")
-    print(f"repro: {record['repro']}")
-    print(f"script: {Path(result['out']) / 'repro.sh'}")
-
-
+        report.write_repro_script(campaign.out, found.to_json())
+    return result

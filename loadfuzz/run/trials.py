@@ -1,10 +1,10 @@
-"""Trial: one sequence end to end: execute it, classify it, and make its record.
+"""Trials: one sequence end to end: execute it, classify it, confirm it, and make its record.
 
 `Trials` is what every command uses to run sequences. By default each trial
-is forked from a fork server that has preloaded what is not under test; every
-finding is then confirmed in a cold, fresh process before it is believed, and
-a disagreement between the two is kept, never hidden. With `cold=True` every
-trial is a fresh process.
+is forked from a fork server (see `pool` and `tiers`) that has preloaded what
+is not under test; every finding is then confirmed in a cold, fresh process
+before it is believed, and a disagreement between the two is kept, never
+hidden. With `cold=True` every trial is a fresh process.
 
 `run_all` runs a work list on `jobs` threads. Sequences that share a server
 and their first step (a matrix row) go together, as one batch: a row server
@@ -14,20 +14,21 @@ takes that step once and each trial of the row forks from it.
 from __future__ import annotations
 
 import contextlib
-import queue
 import shlex
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from loadfuzz import hostenv
 from loadfuzz.classify import Signature, classify, load_catalogue
-from loadfuzz.execute import Harness, HarnessDied, HarnessStep, Limits, run_cold
 from loadfuzz.model import Sequence, StepKind, TrialRecord, Verdict
+from loadfuzz.run.harness import Harness, HarnessDied, HarnessStep, Limits, run_cold
+from loadfuzz.run.pool import ServerPool, Usage
+from loadfuzz.run.tiers import NO_TIERS, Tiers
 
 
 def loadfuzz_command() -> list[str]:
@@ -94,61 +95,31 @@ DEFAULT_LIMITS = Limits()
 MIN_ROW = 4
 
 
-class TrialsClosed(RuntimeError):
-    """The runner was closed (the campaign is ending): no more trials start."""
-
-
-@dataclass
-class Usage:
-    """What running the trials cost besides the trials: servers started, rows set up."""
-
-    servers: int = 0
-    server_start_s: float = 0.0
-    rows_shared: int = 0
-    row_start_s: float = 0.0
-    rows_not_shared: dict[str, int] = field(default_factory=dict)  # why (its first clause) -> rows
-
-    def to_json(self) -> dict:
-        return {"servers": self.servers, "server_start_s": round(self.server_start_s, 3),
-                "rows_shared": self.rows_shared, "row_start_s": round(self.row_start_s, 3),
-                "rows_not_shared": dict(sorted(self.rows_not_shared.items()))}
-
-
 class Trials:
     """Runs sequences and returns their records; safe to call from several threads."""
 
-    def __init__(
-        self,
-        limits: Limits = DEFAULT_LIMITS,
-        needs_python: Callable[[Sequence], bool] = lambda seq: False,
-        preload: Iterable[HarnessStep] | Callable[[Sequence], tuple[HarnessStep, ...]] = (),
-        cold: bool = False,
-    ):
-        """`preload`: what every fork server loads first, or a function giving it per trial.
-
-        A function lets a trial fork from a server that preloaded only what that
-        trial's own libraries need (a lighter process forks and exits faster);
-        one pool of servers is kept per distinct preload.
-        """
+    def __init__(self, limits: Limits = DEFAULT_LIMITS, tiers: Tiers = NO_TIERS, cold: bool = False):
+        """`tiers`: what each sequence needs (libpython first?) and which server it forks from."""
         self.limits = limits
-        self.needs_python = needs_python
-        fixed = tuple(() if callable(preload) else preload)
-        self.preload_of = preload if callable(preload) else (lambda seq: fixed)
+        self.tiers = tiers
         self.cold = cold
         self.catalogue: tuple[Signature, ...] = load_catalogue()
         self.disagreements: list[Disagreement] = []
-        self.usage = Usage()
-        self._idle: dict[tuple[HarnessStep, ...], queue.SimpleQueue[Harness]] = {}
-        self._all: list[Harness] = []
+        self.pool = ServerPool()
         self._lock = threading.Lock()
-        self._closed = False
+
+    @property
+    def usage(self) -> Usage:
+        return self.pool.usage
 
     @property
     def preload(self) -> tuple[HarnessStep, ...]:
         """Everything some fork server of this runner preloaded, in first-seen order."""
-        with self._lock:
-            steps = [step for server in self._all for step in server.preload]
-        return tuple(dict.fromkeys(steps))
+        return self.pool.preloaded
+
+    @property
+    def closed(self) -> bool:
+        return self.pool.closed
 
     def __enter__(self) -> Trials:
         return self
@@ -157,39 +128,21 @@ class Trials:
         self.close()
 
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            servers, self._all = self._all, []
-        for server in servers:
-            server.close()
+        """Stop every server, ending the trials they run; no trial starts after this."""
+        self.pool.close()
 
     def _record(self, seq: Sequence, via: str, server: Harness | None) -> TrialRecord:
-        if self._closed:
-            raise TrialsClosed("the runner is closed")
-        steps, prelude = harness_steps(seq, self.needs_python(seq))
-        evidence = run_cold(steps, self.limits, prelude) if server is None else server.run(steps, self.limits, prelude)
+        if self.closed:
+            raise RuntimeError("the runner is closed: no more trials start")
+        steps, prelude = harness_steps(seq, self.tiers.needs_python(seq))
+        run = server.run if server is not None else run_cold
+        evidence = run(steps, self.limits, prelude)
         verdict = classify(evidence, self.catalogue)
         return make_record(seq, verdict, evidence.duration_s, evidence.peak_rss_mb,
                            self.limits, via)
 
     def run_cold(self, seq: Sequence) -> TrialRecord:
         return self._record(seq, "cold", None)
-
-    def _server(self, preload: tuple[HarnessStep, ...]) -> Harness:
-        with self._lock:
-            if self._closed:
-                raise TrialsClosed("the runner is closed")
-            idle = self._idle.setdefault(preload, queue.SimpleQueue())
-        try:
-            return idle.get_nowait()
-        except queue.Empty:
-            began = time.monotonic()
-            server = Harness(preload)
-            with self._lock:
-                self._all.append(server)
-                self.usage.servers += 1
-                self.usage.server_start_s += time.monotonic() - began
-            return server
 
     def _fast(self, seq: Sequence, via: str, server: Harness) -> TrialRecord | None:
         """The trial from `server`, or None when the server (not the trial) failed."""
@@ -211,14 +164,15 @@ class Trials:
         return replace(cold, via=f"{fast.via}, confirmed cold")
 
     def run(self, seq: Sequence) -> TrialRecord:
+        """One trial: from a fork server when one can run it, else cold."""
         if self.cold:
             return self.run_cold(seq)
-        preload = tuple(self.preload_of(seq))
-        server = self._server(preload)
-        fast = self._fast(seq, "fork-server", server)
-        if fast is None:  # the cold path decides
+        preload = self.tiers.preload(seq)
+        server = self.pool.take(preload)
+        fast = self._fast(seq, "fork-server", server) if server is not None else None
+        if fast is None:  # no server, or it died under the trial: the cold path decides
             return self.run_cold(seq)
-        self._idle[preload].put(server)
+        self.pool.give_back(preload, server)
         return self._confirm(seq, fast)
 
     def row_key(self, seq: Sequence) -> tuple | None:
@@ -227,8 +181,8 @@ class Trials:
         None for a sequence of one step, and when every trial is cold."""
         if self.cold or len(seq) < 2:
             return None
-        steps, prelude = harness_steps(seq, self.needs_python(seq))
-        return tuple(self.preload_of(seq)), tuple(steps[:prelude + 1])
+        steps, prelude = harness_steps(seq, self.tiers.needs_python(seq))
+        return self.tiers.preload(seq), tuple(steps[:prelude + 1])
 
     def run_row(self, row: Sequence[Sequence]) -> Iterator[TrialRecord]:
         """The records of sequences of one row key, in order, each forked from a row
@@ -236,35 +190,36 @@ class Trials:
         `Harness.sharing`) or a server that dies sends the rest the usual way."""
         preload, prefix = self.row_key(row[0])
         assert all(self.row_key(seq) == (preload, prefix) for seq in row), "one row key"
-        server = self._server(preload)
+        server = self.pool.take(preload)
         left = list(row)
-        with contextlib.ExitStack() as stack:
-            began = time.monotonic()
-            try:
-                shared = stack.enter_context(server.sharing(prefix, self.limits))
-            except HarnessDied:  # the server could not start the row
-                shared = False
-            self._count_row(shared, server.unshared, time.monotonic() - began)
-            while shared and left:
-                fast = self._fast(left[0], "shared prefix", server)
-                if fast is None:  # the server died: the rest go the usual way
-                    break
-                record = self._confirm(left[0], fast)
-                left.pop(0)
-                yield record
-        if server.alive:
-            self._idle[preload].put(server)
+        if server is not None:
+            with contextlib.ExitStack() as stack:
+                began = time.monotonic()
+                try:
+                    shared = stack.enter_context(server.sharing(prefix, self.limits))
+                except HarnessDied:  # the server could not start the row
+                    shared = False
+                self._count_row(shared, server.unshared, time.monotonic() - began)
+                while shared and left:
+                    fast = self._fast(left[0], "shared prefix", server)
+                    if fast is None:  # the server died: the rest go the usual way
+                        break
+                    record = self._confirm(left[0], fast)
+                    left.pop(0)
+                    yield record
+            self.pool.give_back(preload, server)
         for seq in left:
             yield self.run(seq)
 
     def _count_row(self, shared: bool, why: str, took_s: float) -> None:
+        usage = self.pool.usage
         with self._lock:
-            self.usage.row_start_s += took_s
+            usage.row_start_s += took_s
             if shared:
-                self.usage.rows_shared += 1
+                usage.rows_shared += 1
             else:
                 why = why.split(":")[0]
-                self.usage.rows_not_shared[why] = self.usage.rows_not_shared.get(why, 0) + 1
+                usage.rows_not_shared[why] = usage.rows_not_shared.get(why, 0) + 1
 
     def batches(self, work: Iterable[Sequence]) -> list[list[Sequence]]:
         """The work in batches, in first-seen order: a row of at least MIN_ROW
@@ -285,11 +240,14 @@ class Trials:
 def run_all(trials: Trials, work: Iterable[Sequence], jobs: int,
             keep: Callable[[TrialRecord], None]) -> None:
     """Run every sequence, `jobs` batches at a time; `keep(record)` as each trial ends,
-    one call at a time. On any exception (Ctrl-C) the servers close, ending their trials."""
+    one call at a time. On any exception (Ctrl-C, a failing `keep`) the servers close,
+    ending their trials, and no further trial starts."""
     lock = threading.Lock()
 
     def run_batch(batch: Sequence[Sequence]) -> None:
         for record in trials.run_batch(batch):
+            if trials.closed:
+                return
             with lock:
                 keep(record)
 

@@ -1,7 +1,6 @@
-"""Execute: run a trial's steps in the C harness, in a process of its own, and collect the evidence.
+"""Speak the harness protocol (docs/protocol.md) to one harness process: a fork server.
 
-A `Harness` is one harness process, a fork server (see harness_c/harness.c
-for the protocol): every trial is a child forked from it, so a trial is
+A `Harness` is one harness process, a fork server: every trial is a child forked from it, so a trial is
 isolated whatever it does, and what the server preloaded (libpython, the
 libtorch closure) is paid for once. A cold trial is a fresh harness with
 nothing preloaded, used for one trial and closed.
@@ -31,10 +30,10 @@ from pathlib import Path
 import psutil
 
 from loadfuzz import hostenv
-from loadfuzz.model import Evidence, Flags, StepKind, UsageError
+from loadfuzz.model import Evidence, Flags, StepKind
+from loadfuzz.run.build import harness_binary
 
-REPO = Path(__file__).resolve().parent.parent
-HARNESS_SOURCE = REPO / "harness_c" / "harness.c"
+PROTOCOL_VERSION = 2  # harness_c/harness.c's PROTOCOL_VERSION: the greeting must say it
 MODES = {(StepKind.DLOPEN, Flags.GLOBAL): "g", (StepKind.DLOPEN, Flags.LOCAL): "l"}
 STARTUP_TIMEOUT_S = 120.0  # preloading libtorch on a cold disk can take a while
 MARGIN_S = 30.0  # on top of the step limits, before the server itself is presumed stuck
@@ -57,21 +56,6 @@ class HarnessStep:
     @classmethod
     def of(cls, kind: StepKind, flags: Flags, path: Path) -> HarnessStep:
         return cls("p" if kind is StepKind.IMPORT else MODES[(kind, flags)], path)
-
-
-def harness_binary() -> Path:
-    """The built harness (`make harness`); built into a cache on first use if absent."""
-    built = REPO / "build" / "harness"
-    if built.exists() and built.stat().st_mtime >= HARNESS_SOURCE.stat().st_mtime:
-        return built
-    cached = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "loadfuzz" / "harness"
-    if cached.exists() and cached.stat().st_mtime >= HARNESS_SOURCE.stat().st_mtime:
-        return cached
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    command = ["gcc", "-std=c11", "-O2", "-D_GNU_SOURCE", "-o", str(cached), str(HARNESS_SOURCE)]
-    if subprocess.run([*command, "-ldl"], capture_output=True).returncode != 0:
-        raise UsageError("the harness is not built and cannot be compiled: run `make`")
-    return cached
 
 
 def trial_environment(scratch: Path) -> dict[str, str]:
@@ -133,28 +117,43 @@ class Harness:
         args += ["--parent", str(os.getpid())]
         for step in self.preload:
             args += ["--preload-global" if step.mode == "g" else "--preload", str(step.path)]
-        self.proc = subprocess.Popen(
-            args,
-            pass_fds=(ctl_r, st_w),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            cwd=self.scratch,
-            env=trial_environment(self.scratch),
-            start_new_session=True,
-        )
-        os.close(ctl_r)
-        os.close(st_w)
         self._ctl, self._status = ctl_w, st_r
         self._buffer = b""
+        try:
+            self.proc = subprocess.Popen(
+                args,
+                pass_fds=(ctl_r, st_w),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                cwd=self.scratch,
+                env=trial_environment(self.scratch),
+                start_new_session=True,
+            )
+        except BaseException:
+            for fd in (ctl_r, st_w, ctl_w, st_r):
+                os.close(fd)
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            raise
+        os.close(ctl_r)
+        os.close(st_w)
+        try:
+            self._greeting()
+        except BaseException:  # a server that did not start leaves nothing behind
+            self.close()
+            raise
+
+    def _greeting(self) -> None:
         header = self._read_line(time.monotonic() + STARTUP_TIMEOUT_S)
         if header.startswith(b"PRELOAD-ERROR"):
             error = self._read_exact(int(header.split()[1]), time.monotonic() + 5)
-            self.close()
             raise HarnessDied(f"preloading failed: {error.decode('utf-8', 'replace')}")
-        if not header.startswith(b"READY"):
-            self.close()
+        fields = header.split()
+        if fields[:1] != [b"READY"] or len(fields) != 3:
             raise HarnessDied(f"unexpected greeting from the harness: {header!r}")
+        if fields[1] != str(PROTOCOL_VERSION).encode():
+            raise HarnessDied(f"the harness speaks protocol {fields[1].decode(errors='replace')}, "
+                              f"this loadfuzz speaks {PROTOCOL_VERSION}")
 
     def __enter__(self) -> Harness:
         return self

@@ -1,0 +1,60 @@
+"""The command line: `parser` (the grammar), `commands` (one function per command) and
+`printing` (what a terminal shows). `main` runs one command and turns every way it can end
+into its exit status: bad input is one line on stderr and 2; a failure of loadfuzz itself
+(not of the target, not of the input) is one line, the traceback in `error.log`, and 3."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+from loadfuzz import hostenv
+from loadfuzz.cli.commands import COMMANDS, CouldNotFinish
+from loadfuzz.cli.parser import build_parser
+from loadfuzz.model import UsageError
+
+COULD_NOT_FINISH = 3
+
+
+def log_failure(error: BaseException, folder: Path | None) -> Path | None:
+    """Write the traceback to error.log in `folder` (else the cache folder); where it went."""
+    text = "".join(traceback.format_exception(error))
+    for place in (folder, hostenv.cache_folder()):
+        if place is None:
+            continue
+        try:
+            place.mkdir(parents=True, exist_ok=True)
+            with open(place / "error.log", "a", encoding="utf-8") as log:
+                log.write(text)
+            return place / "error.log"
+        except OSError:
+            continue
+    return None
+
+
+def one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if isinstance(error, OSError | RuntimeError) else f"{type(error).__name__}: {text}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return COMMANDS[args.command](args)
+    except UsageError as exc:
+        print(f"loadfuzz: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("loadfuzz: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 1
+    except Exception as exc:  # loadfuzz could not finish: never to be read as a finding
+        cause = exc.__cause__ if isinstance(exc, CouldNotFinish) and exc.__cause__ else exc
+        folder = exc.folder if isinstance(exc, CouldNotFinish) else None
+        log = log_failure(cause, folder)
+        where = f"; the traceback is in {log}" if log else ""
+        print(f"loadfuzz: could not finish: {one_line(cause)}{where}", file=sys.stderr)
+        return COULD_NOT_FINISH

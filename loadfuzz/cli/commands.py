@@ -1,0 +1,161 @@
+"""One function per command: turn the parsed arguments into settings, run the stage, print.
+
+Each returns the exit status: 0 nothing unexpected, 1 something unexpected
+(repro: not reproduced). Every input is checked (`campaign.prepare`) before
+anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from loadfuzz import inventory, predict
+from loadfuzz.campaign import Prepared, exit_status, prepare, run_matrix
+from loadfuzz.cli import printing
+from loadfuzz.cli.printing import Progress
+from loadfuzz.model import Outcome, UsageError, parse_step
+from loadfuzz.run.harness import Limits
+from loadfuzz.run.tiers import Tiers
+from loadfuzz.run.trials import Trials
+from loadfuzz.search import fuzz, repro
+from loadfuzz.settings import CampaignSettings, RunSettings, TargetSpec
+
+
+def limits_of(args: argparse.Namespace) -> Limits:
+    return Limits(timeout_s=args.timeout, mem_mb=args.mem, at_exit=args.at_exit)
+
+
+def campaign_settings(args: argparse.Namespace) -> CampaignSettings:
+    """The settings every campaign command shares, from its arguments."""
+    defaults = CampaignSettings(TargetSpec(args.target))
+    return CampaignSettings(
+        target=TargetSpec(args.target, tuple(args.add), tuple(getattr(args, "select", ()))),
+        run=RunSettings(limits_of(args), args.cold, getattr(args, "jobs", defaults.run.jobs)),
+        flags=getattr(args, "flags", defaults.flags),
+        expect=getattr(args, "expect", None),
+        out=args.out,
+        resume=getattr(args, "resume", False),
+        shard=getattr(args, "shard", defaults.shard),
+    )
+
+
+class CouldNotFinish(Exception):
+    """A campaign failed for a reason of loadfuzz's own; its results folder gets error.log."""
+
+    def __init__(self, folder: Path):
+        super().__init__(f"the campaign in {folder} could not finish")
+        self.folder = folder
+
+
+@contextmanager
+def failing_into(campaign: Prepared) -> Iterator[None]:
+    """Any failure that is not bad input nor Ctrl-C becomes CouldNotFinish of this campaign."""
+    try:
+        yield
+    except (UsageError, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        raise CouldNotFinish(campaign.out) from exc
+
+
+def interrupted(campaign: Prepared, resumable: bool) -> int:
+    how = f"; continue with --resume --out {campaign.out}" if resumable else ""
+    print(f"interrupted: finished trials are in {campaign.folder.trials_path}{how}",
+          file=sys.stderr)
+    return 130
+
+
+def cmd_scan(args: argparse.Namespace) -> int:
+    inv = inventory.load_target(args.target, args.add)
+    predictions = predict.predict(inv)
+    if args.json:
+        printing.print_json(printing.scan_json(inv, predictions))
+    else:
+        print(printing.scan_text(inv, predictions))
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    inv = inventory.load_target(args.target) if args.target else None
+
+    def locate(name: str):
+        ids = {lib.id: lib.path for lib in inv.libraries} if inv is not None else {}
+        return ids.get(name)
+
+    try:
+        seq = tuple(parse_step(text, args.flags[0], locate) for text in args.steps)
+    except UsageError as exc:
+        where = f" (and no library id of {inv.target})" if inv is not None else ""
+        raise UsageError(f"{exc}{where}") from None
+    with Trials(limits_of(args), Tiers.for_steps(seq), cold=True) as trials:
+        record = trials.run(seq)
+    if args.json:
+        printing.print_json(record.to_json())
+    else:
+        print(printing.describe_run(record))
+    return 0 if record.outcome is Outcome.CLEAN else 1
+
+
+def cmd_matrix(args: argparse.Namespace) -> int:
+    campaign = prepare(campaign_settings(args), "matrix")
+    try:
+        with failing_into(campaign):
+            summary, records = run_matrix(campaign, Progress("matrix"))
+    except KeyboardInterrupt:
+        return interrupted(campaign, resumable=True)
+    if args.json:
+        printing.print_json(summary)
+    else:
+        print(printing.matrix_text(summary, records))
+        printing.print_summary(summary)
+    return exit_status(summary)
+
+
+def cmd_fuzz(args: argparse.Namespace) -> int:
+    options = fuzz.FuzzOptions(args.budget, args.max_len, args.seed, args.db)
+    fuzz.db_folder(args.db)
+    campaign = prepare(campaign_settings(args), "fuzz")
+    try:
+        with failing_into(campaign):
+            summary, _ = fuzz.run_fuzz(campaign, options, Progress("fuzz"))
+    except KeyboardInterrupt:
+        return interrupted(campaign, resumable=False)
+    if args.json:
+        printing.print_json(summary)
+    else:
+        printing.print_summary(summary)
+    return exit_status(summary)
+
+
+def message_of(args: argparse.Namespace) -> str:
+    if (args.message is None) == (args.log is None):
+        raise UsageError("give either a MESSAGE or --log FILE (not both)")
+    if args.log is None:
+        return args.message
+    try:
+        return args.log.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise UsageError(f"--log {args.log}: {exc.strerror or exc}") from None
+
+
+def cmd_repro(args: argparse.Namespace) -> int:
+    message = repro.read_message(message_of(args))
+    campaign = prepare(campaign_settings(args), "repro", suffix="-repro")
+    try:
+        with failing_into(campaign):
+            result = repro.reproduce(campaign, message, Progress("repro"))
+    except KeyboardInterrupt:
+        return interrupted(campaign, resumable=False)
+    if args.json:
+        printing.print_json(result)
+    else:
+        printing.print_repro(result, campaign.inv)
+    return 0 if result["reproduced"] else 1
+
+
+COMMANDS = {"scan": cmd_scan, "run": cmd_run, "matrix": cmd_matrix, "fuzz": cmd_fuzz,
+            "repro": cmd_repro}

@@ -1,0 +1,158 @@
+"""The command line's grammar: every command, its options and their types, and the examples.
+
+A usage error is one line and exit status 2 (`Parser.error` raises UsageError).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from pathlib import Path
+
+from loadfuzz.model import Flags, UsageError
+from loadfuzz.plan import WHOLE, Shard
+from loadfuzz.run.harness import Limits
+
+EXAMPLES = {
+    "scan": """examples:
+  loadfuzz scan executorch
+  loadfuzz scan executorch --add build/fixtures/legacy/libquantized_ops_legacy_plugin.so --json
+  loadfuzz scan dist/mypkg-1.0-cp311-cp311-linux_x86_64.whl""",
+    "run": """examples:
+  loadfuzz run --json .venv/lib/python3.11/site-packages/executorch/lib/libexecutorch.so
+  loadfuzz run --target executorch lib/libexecutorch_kernels_quantized.so local:extra/plugin.so
+  loadfuzz run --target executorch lib/libexecutorch_etdump.so \\
+      py:extension/pybindings/_C.cpython-311-x86_64-linux-gnu.so""",
+    "matrix": """examples:
+  loadfuzz matrix executorch --add build/fixtures/legacy/libquantized_ops_legacy_plugin.so \\
+      --expect results/expectations/executorch.toml
+  loadfuzz matrix executorch --select 'lib/*' --flags global --json
+  loadfuzz matrix executorch --shard 2/3 --out results/ci/shard-2""",
+    "fuzz": """examples:
+  loadfuzz fuzz build/fixtures/corpus --budget 60s --seed 1
+  loadfuzz fuzz executorch --add plugin.so --budget 10m --max-len 5 --db results/.hypothesis""",
+    "repro": """examples:
+  loadfuzz repro "Re-registering quantized_decomposed::add.out" executorch --add plugin.so
+  loadfuzz repro --log crash.log executorch""",
+}
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        command = self.prog.removeprefix("loadfuzz").strip()
+        raise UsageError(f"{command}: {message}" if command else message)
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than zero: {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"not a positive whole number: {text!r}")
+    return int(text)
+
+
+def flags_list(text: str) -> tuple[Flags, ...]:
+    try:
+        return Flags.parse_list(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def budget(text: str) -> float:
+    """`90`, `90s`, `10m`, `1h30m` -> seconds. Raises UsageError itself, so that the message
+    names the option the way users write it (argparse would prefix its own words)."""
+    found = re.fullmatch(r"\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*",
+                         text)
+    if not text.strip() or not found or not any(found.groups()):
+        raise UsageError(f"bad --budget {text!r}: expected a duration such as 60s, 10m or 1h")
+    hours, minutes, seconds = (float(g) if g else 0.0 for g in found.groups())
+    total = hours * 3600 + minutes * 60 + seconds
+    if total <= 0:
+        raise UsageError(f"bad --budget {text!r}: it must be more than zero")
+    return total
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="loadfuzz", description="Process-isolated load-order fuzzer for the "
+                    "native libraries that Python wheels ship.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    def command(name: str, help_text: str) -> Parser:
+        return commands.add_parser(name, help=help_text, description=help_text,
+                                   epilog=EXAMPLES[name],
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    def limits(sub: Parser) -> None:
+        sub.add_argument("--timeout", type=positive_float, default=10.0, metavar="S",
+                         help="time limit of one step, in seconds (default 10)")
+        sub.add_argument("--mem", type=positive_int, default=Limits().mem_mb, metavar="MB",
+                         help="memory ceiling (RLIMIT_AS) of a trial in MiB")
+        sub.add_argument("--at-exit", action="store_true",
+                         help="end trials with exit(), running destructors (slower)")
+        sub.add_argument("--cold", action="store_true",
+                         help="one fresh process per trial, no fork server")
+
+    def target(sub: Parser, campaign: bool = True) -> None:
+        sub.add_argument("target", metavar="TARGET",
+                         help="a .whl, a directory, or an installed distribution's name")
+        sub.add_argument("--add", action="append", default=[], type=Path, metavar="LIB",
+                         help="an extra library (id extra/<file name>); repeatable")
+        if campaign:
+            sub.add_argument("--select", action="append", default=[], metavar="GLOB",
+                             help="only the libraries whose id matches; repeatable")
+            sub.add_argument("--flags", type=flags_list, default=(Flags.GLOBAL, Flags.LOCAL),
+                             metavar="MODES", help="flags modes, e.g. global,local (default)")
+            sub.add_argument("--expect", type=Path, metavar="FILE",
+                             help="expectations file (TOML) of accepted findings")
+            sub.add_argument("--shard", type=Shard.parse, default=WHOLE,
+                             metavar="K/N", help="run only the K-th of N slices of the work")
+            sub.add_argument("--jobs", type=positive_int, default=os.cpu_count() or 1,
+                             metavar="N", help="trials run at once (default: the cores)")
+        sub.add_argument("--out", type=Path, metavar="DIR", help="results folder")
+        sub.add_argument("--json", action="store_true", help="print JSON")
+        limits(sub)
+
+    sub = command("scan", "Inventory a target and predict which load orders collide.")
+    sub.add_argument("target", metavar="TARGET")
+    sub.add_argument("--add", action="append", default=[], type=Path, metavar="LIB")
+    sub.add_argument("--json", action="store_true")
+
+    sub = command("run", "Run one load order in a fresh, isolated process.")
+    sub.add_argument("steps", nargs="+", metavar="STEP",
+                     help="a library path (or id, with --target); global:/local: prefix sets "
+                          "its flags; py:PATH imports a Python extension module")
+    sub.add_argument("--target", metavar="TARGET")
+    sub.add_argument("--flags", type=flags_list, default=(Flags.GLOBAL,), metavar="MODE",
+                     help="flags of steps without a prefix (default global)")
+    sub.add_argument("--json", action="store_true")
+    limits(sub)
+
+    sub = command("matrix", "Run both load orders of every pair of libraries.")
+    target(sub)
+    sub.add_argument("--resume", action="store_true",
+                     help="continue the campaign in --out, skipping recorded trials")
+
+    sub = command("fuzz", "Explore long load orders with Hypothesis; shrink each failure.")
+    target(sub)
+    sub.add_argument("--budget", type=budget, default=600.0, metavar="TIME",
+                     help="wall-clock budget, e.g. 60s, 10m (default 10m)")
+    sub.add_argument("--max-len", type=positive_int, default=4, metavar="N")
+    sub.add_argument("--seed", type=int, metavar="N")
+    sub.add_argument("--db", type=Path, default=Path("results/.hypothesis"), metavar="DIR")
+
+    sub = command("repro", "Reproduce a reported abort from its message or a log.")
+    sub.add_argument("message", nargs="?", metavar="MESSAGE")
+    sub.add_argument("--log", type=Path, metavar="FILE")
+    target(sub, campaign=False)
+    return parser

@@ -1,0 +1,183 @@
+"""What the commands print on a terminal: tables, the pair grid, summaries, and the progress line.
+
+`--json` output is the same data as JSON; every other line is for people.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from loadfuzz.inventory import Inventory, Library
+from loadfuzz.model import GLYPHS, TrialRecord, spell_sequence, step_label
+from loadfuzz.predict import Prediction
+
+
+def print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, ensure_ascii=False))
+
+
+# --- scan ------------------------------------------------------------------------------
+
+
+def scan_json(inv: Inventory, predictions: Sequence[Prediction]) -> dict:
+    """The `scan --json` object (with `version`, `warnings` and each library's `missing`)."""
+    return {
+        "target": inv.target,
+        "version": inv.version,
+        "libraries": [lib.to_json() for lib in inv.libraries],
+        "predicted": [p.pair_json() for p in predictions],
+        "warnings": list(inv.warnings),
+    }
+
+
+def registry_column(lib: Library) -> str:
+    if lib.registry_owner:
+        return "owner"
+    return ", ".join(f"{kind}:{len(ops)}" for kind, ops in lib.registrations if ops) or "-"
+
+
+def scan_text(inv: Inventory, predictions: Sequence[Prediction]) -> str:
+    """A table of the libraries, then the predicted collisions with their reasons."""
+    version = f" {inv.version}" if inv.version else ""
+    lines = [f"{inv.name}{version}: {len(inv.libraries)} libraries under {inv.root}", ""]
+    width = max(len(lib.id) for lib in inv.libraries)
+    lines.append(f"{'library':<{width}}  {'role':<16} {'closure':>7}  {'python':<6}  registers")
+    for lib in inv.libraries:
+        flags = "yes" if lib.needs_python else "-"
+        lines.append(f"{lib.id:<{width}}  {lib.role.value:<16} {len(lib.closure):>7}  "
+                     f"{flags:<6}  {registry_column(lib)}")
+        if lib.missing:
+            lines.append(f"{'':<{width}}  missing: {', '.join(lib.missing)}")
+    lines.append("")
+    lines.append("registers: owner = defines a registry's entry point; kind:N = N operators "
+                 "registered into that registry (executorch or torch)")
+    lines.append("")
+    if not predictions:
+        lines.append("predicted collisions: none (every ordered pair should load clean)")
+    else:
+        lines.append(f"predicted collisions: {len(predictions)} (ordered pair @ flags)")
+        for p in predictions:
+            first, second = p.sequence[0], p.sequence[1]
+            lines.append(f"  {first.lib} -> {second.lib} @ {first.flags.value}: "
+                         f"{p.outcome.value} {p.op or ''}".rstrip())
+            lines.append(f"      {p.why}")
+    lines += [f"warning: {warning}" for warning in inv.warnings]
+    return "\n".join(lines)
+
+
+# --- run -------------------------------------------------------------------------------
+
+
+def describe_run(record: TrialRecord) -> str:
+    """One line per step (done, where it ended, not reached), then the verdict and the repro."""
+    lines = []
+    for index, step in enumerate(record.sequence):
+        state = "done"
+        if record.step == index:
+            state = f"<- {record.outcome.value}"
+        elif record.step is not None and index > record.step:
+            state = "not reached"
+        lines.append(f"step {index}  {step.kind.value:<6} {step.flags.value:<6} {step.lib}  {state}")
+    lines.append(f"outcome: {record.outcome.value}"
+                 + (f"  signature: {record.signature}" if record.signature else "")
+                 + (f"  op: {record.op}" if record.op else ""))
+    lines.append(f"detail: {record.detail}")
+    lines.append(f"time: {record.duration_s:.3f} s, peak RSS {record.peak_rss_mb:.1f} MB")
+    lines.append(f"repro: {record.repro}")
+    return "\n".join(lines)
+
+
+# --- campaigns -------------------------------------------------------------------------
+
+
+def matrix_text(summary: dict, records: Sequence[TrialRecord]) -> str:
+    """The pair matrix on a terminal: one grid per flags mode, rows first, columns second."""
+    libs = summary["libraries"]
+    cells = {(r.sequence[0].lib, r.sequence[1].lib, r.sequence[0].flags.value): r.outcome.value
+             for r in records if len(r.sequence) == 2}
+    legend = ", ".join(f"{glyph} {outcome}" for outcome, glyph in GLYPHS.items())
+    lines = []
+    for mode in summary["flags"]:
+        lines.append(f"{mode}: row = loaded first, column = loaded second ({legend})")
+        lines.append("     " + "".join(f"{n % 100:>3}" for n in range(len(libs))))
+        for row, first in enumerate(libs):
+            marks = [" " if first == second else GLYPHS.get(cells.get((first, second, mode), ""), "?")
+                     for second in libs]
+            lines.append(f"{row:>3}  " + "".join(f"{m:>3}" for m in marks) + f"  {first}")
+    return "\n".join(lines)
+
+
+def print_summary(summary: dict) -> None:
+    """A campaign's summary for people: counts, each finding on a line, where the report is."""
+    findings, unexpected = summary["findings"], summary["unexpected"]
+    print(f"{summary['command']} {summary['target']}: {summary['trials']} trials, "
+          f"{len(findings)} findings, {len(unexpected)} unexpected, "
+          f"{len(summary['stale'])} stale expectations")
+    if summary.get("throughput"):
+        print(f"throughput: {summary['throughput']} trials/s")
+    for record in findings:
+        mark = "UNEXPECTED" if record in unexpected else "expected  "
+        what = record["signature"] or record["outcome"]
+        op = f" {record['op']}" if record["op"] else ""
+        print(f"  {mark} {record['outcome']:<10} {spell_sequence(record['sequence'])}  [{what}{op}]")
+    for entry in summary.get("interposition", []):
+        print(f"  flags matter: {entry['first']} -> {entry['second']}: global {entry['global']}, "
+              f"local {entry['local']}; both define {', '.join(entry['shared_symbols']) or '-'}")
+    for entry in summary["stale"]:
+        print(f"  stale expectation: {entry['first']} x {entry['second']} ({entry['source']})")
+    print(f"report: {Path(summary['out']) / 'report.md'}  (matrix.html, junit.xml, repro/)")
+
+
+def print_repro(result: dict, inv: Inventory) -> None:
+    what = f"{result['signature']} {result['op']}" if result["signature"] else "an unknown line"
+    print(f"message: {result['message']}  [{what}]")
+    if not result["candidates"]:
+        print(f"not reproduced: no library of {inv.target} carries {result['op']}")
+        return
+    print(f"candidates: {', '.join(result['candidates'])}")
+    record = result["record"]
+    if record is None:
+        print(f"not reproduced: {result['tried']} load orders of the candidates tried, under "
+              f"both flags modes; none ended that way (trials: {result['out']}/trials.jsonl)")
+        return
+    seq = " -> ".join(step_label(s) for s in record["sequence"])
+    print(f"reproduced after {result['tried']} orders; minimal sequence: {seq}")
+    print(f"  {record['outcome']} at step {record['step']}: {record['detail']}")
+    print(f"repro: {record['repro']}")
+    print(f"script: {Path(result['out']) / 'repro.sh'}")
+
+
+class Progress:
+    """done / total, findings so far and the rate, on a terminal only (a campaign's Watcher)."""
+
+    def __init__(self, label: str, total: int = 0, stream: Any = sys.stderr):
+        self.total, self.label, self.stream = total, label, stream
+        self.enabled = bool(getattr(stream, "isatty", lambda: False)())
+        self.started = time.monotonic()
+        self.done = self.findings = 0
+
+    def planned(self, count: int) -> None:
+        self.total = count
+
+    def skipped(self, count: int) -> None:
+        self.done += count
+
+    def finished(self, record: TrialRecord) -> None:
+        self.done += 1
+        self.findings += not record.clean
+        if self.enabled:
+            rate = self.done / max(time.monotonic() - self.started, 1e-9)
+            total = f"/{self.total}" if self.total else ""
+            self.stream.write(f"\r{self.label}: {self.done}{total} trials, "
+                              f"{self.findings} findings, {rate:.1f} trials/s ")
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled and self.done:
+            self.stream.write("\n")
+

@@ -1,0 +1,204 @@
+"""Read one ELF file the way the dynamic loader sees it: its dynamic section and dynamic symbols.
+
+In the manner of auditwheel's `lddtree.py`: small, pure, pyelftools only (no
+`readelf`, no `nm`). `ElfReader` reads each file once and keeps what it
+read for as long as the reader lives; there is no module-level cache.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from elftools.common.exceptions import ELFError, ELFParseError
+from elftools.elf.dynamic import DynamicSection
+from elftools.elf.elffile import ELFFile
+
+
+class BadElf(Exception):
+    """A file that is not a usable shared library for this machine; the message says why."""
+
+
+STB_GLOBAL, STB_WEAK, STB_GNU_UNIQUE = 1, 2, 10
+STV_PROTECTED = 3
+STT_FUNC = 2
+DF_SYMBOLIC = 0x2
+# C++ names that are the standard library's, not a library's own API.
+STD_PREFIXES = ("_ZSt", "_ZNSt", "_ZNKSt", "_ZN9__gnu_cxx", "_ZNK9__gnu_cxx", "_ZT", "_ZGV")
+LOADER_HOOKS = frozenset({"_init", "_fini"})
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the loader matches a dependency on: ELF class, byte order and machine."""
+
+    elf_class: int  # 32 | 64
+    little_endian: bool
+    machine: str  # "EM_X86_64", ...
+
+    def __str__(self) -> str:
+        order = "little-endian" if self.little_endian else "big-endian"
+        return f"{self.elf_class}-bit {order} {self.machine.removeprefix('EM_')}"
+
+
+@dataclass(frozen=True)
+class ElfFacts:
+    """What the loader and the registries care about in one shared library."""
+
+    path: Path  # absolute, as found (symlinks kept: $ORIGIN is the folder it was found in)
+    identity: tuple[int, int]  # (st_dev, st_ino): one file however it is reached
+    machine: Machine
+    soname: str | None
+    needed: tuple[str, ...]
+    rpath: tuple[str, ...]  # as written ($ORIGIN unexpanded)
+    runpath: tuple[str, ...]
+    symbolic: bool  # DT_SYMBOLIC / DF_SYMBOLIC: its own definitions come first for its calls
+    defines: frozenset[str] = field(repr=False)  # exported dynamic symbols
+    protected: frozenset[str] = field(repr=False)  # those of them with protected visibility
+    undefined: frozenset[str] = field(repr=False)  # strong undefined dynamic symbols
+    exports_api: bool = False  # a global function (C or C++) outside the C++ standard library
+
+    def binds_to_itself(self, symbol: str) -> bool:
+        return symbol in self.defines and (self.symbolic or symbol in self.protected)
+
+
+def host_machine() -> Machine:
+    """The ELF class and machine of the interpreter running loadfuzz: what trials can load."""
+    with open(os.path.realpath(sys.executable), "rb") as stream:
+        elf = ELFFile(stream)
+        return Machine(elf.elfclass, elf.little_endian, elf["e_machine"])
+
+
+class ElfReader:
+    """Reads ELF files once each; one reader per inventory (its caches die with it)."""
+
+    def __init__(self) -> None:
+        self.host = host_machine()
+        self._facts: dict[Path, ElfFacts | BadElf] = {}
+
+    def facts(self, path: Path) -> ElfFacts:
+        """The facts of `path`; raises BadElf with the reason when it is unusable."""
+        path = Path(os.path.abspath(path))
+        if path not in self._facts:
+            try:
+                self._facts[path] = read_facts(path, self.host)
+            except BadElf as exc:
+                self._facts[path] = exc
+        found = self._facts[path]
+        if isinstance(found, BadElf):
+            raise found
+        return found
+
+    def matches(self, path: Path) -> bool:
+        """Whether the loader would take this file (an ELF of the host's class and machine)."""
+        try:
+            self.facts(path)
+        except BadElf:
+            return False
+        return True
+
+
+def read_facts(path: Path, host: Machine) -> ElfFacts:
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as stream:
+            if stream.read(4) != b"\x7fELF":
+                raise BadElf(f"{path}: not an ELF file")
+            stream.seek(0)
+            return parse_facts(path, ELFFile(stream), size, host)
+    except OSError as exc:
+        raise BadElf(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    except (ELFError, ELFParseError, struct.error, ValueError, IndexError, KeyError) as exc:
+        raise BadElf(f"{path}: broken ELF file ({exc or type(exc).__name__}); truncated?") from None
+
+
+def parse_facts(path: Path, elf: ELFFile, size: int, host: Machine) -> ElfFacts:
+    machine = Machine(elf.elfclass, elf.little_endian, elf["e_machine"])
+    if machine != host:
+        raise BadElf(f"{path}: a {machine} ELF file; this interpreter is {host}")
+    if elf["e_type"] != "ET_DYN":
+        raise BadElf(f"{path}: not a shared library ({elf['e_type']})")
+    headers_end = elf["e_shoff"] + elf["e_shnum"] * elf["e_shentsize"]
+    if headers_end > size:
+        raise BadElf(f"{path}: truncated ({size} bytes; its section headers end at {headers_end})")
+    dynamic = next((s for s in elf.iter_sections() if isinstance(s, DynamicSection)), None)
+    dynsym = elf.get_section_by_name(".dynsym")
+    if dynamic is None or dynsym is None:
+        raise BadElf(f"{path}: not a dynamically linked shared library (no dynamic section)")
+    for section in (dynamic, dynsym, elf.get_section(dynsym["sh_link"])):
+        if section["sh_offset"] + section["sh_size"] > size:
+            raise BadElf(f"{path}: truncated ({size} bytes; {section.name} ends at "
+                         f"{section['sh_offset'] + section['sh_size']})")
+    tags: dict[str, list] = {}
+    for tag in dynamic.iter_tags():
+        tags.setdefault(tag.entry.d_tag, []).append(tag)
+
+    def split(name: str, attr: str) -> tuple[str, ...]:
+        return tuple(part for tag in tags.get(name, ()) for part in getattr(tag, attr).split(":")
+                     if part)
+
+    flags = sum(tag.entry.d_val for tag in tags.get("DT_FLAGS", ()))
+    symbols = dynamic_symbols(elf, dynsym)
+    defines = frozenset(s.name for s in symbols if s.exported)
+    undefined = frozenset(s.name for s in symbols if s.undefined and s.bind == STB_GLOBAL)
+    return ElfFacts(
+        path=path,
+        identity=(path.stat().st_dev, path.stat().st_ino),
+        machine=machine,
+        soname=tags["DT_SONAME"][0].soname if "DT_SONAME" in tags else None,
+        needed=tuple(tag.needed for tag in tags.get("DT_NEEDED", ())),
+        rpath=split("DT_RPATH", "rpath"),
+        runpath=split("DT_RUNPATH", "runpath"),
+        symbolic="DT_SYMBOLIC" in tags or bool(flags & DF_SYMBOLIC),
+        defines=defines,
+        protected=frozenset(s.name for s in symbols if s.exported and s.visibility == STV_PROTECTED),
+        undefined=undefined,
+        exports_api=any(s.exported and s.bind == STB_GLOBAL and s.kind == STT_FUNC
+                        and not s.name.startswith(STD_PREFIXES) and s.name not in LOADER_HOOKS
+                        for s in symbols),
+    )
+
+
+@dataclass(frozen=True)
+class Symbol:
+    name: str
+    bind: int
+    kind: int
+    visibility: int
+    undefined: bool
+
+    @property
+    def exported(self) -> bool:
+        return (not self.undefined and self.bind in (STB_GLOBAL, STB_WEAK, STB_GNU_UNIQUE)
+                and self.visibility in (0, STV_PROTECTED))
+
+
+def dynamic_symbols(elf: ELFFile, dynsym) -> list[Symbol]:
+    """The dynamic symbol table, decoded in bulk.
+
+    pyelftools finds the sections; the fixed-size entries are unpacked with
+    `struct` because decoding them one by one through pyelftools takes
+    seconds on libtorch_cpu.so (75 000 symbols).
+    """
+    order = "<" if elf.little_endian else ">"
+    if elf.elfclass == 64:  # st_name st_info st_other st_shndx st_value st_size
+        fmt, name_at, info_at, other_at, shndx_at = order + "IBBHQQ", 0, 1, 2, 3
+    else:  # st_name st_value st_size st_info st_other st_shndx
+        fmt, name_at, info_at, other_at, shndx_at = order + "IIIBBH", 0, 3, 4, 5
+    strtab = elf.get_section(dynsym["sh_link"]).data()
+    data = dynsym.data()
+    width = struct.calcsize(fmt)
+    symbols = []
+    for entry in struct.iter_unpack(fmt, data[:len(data) - len(data) % width]):
+        offset = entry[name_at]
+        if offset == 0:
+            continue
+        end = strtab.find(b"\0", offset)
+        name = strtab[offset:end if end >= 0 else len(strtab)].decode("utf-8", "replace")
+        info = entry[info_at]
+        symbols.append(Symbol(name, info >> 4, info & 0xF, entry[other_at] & 0x3,
+                              entry[shndx_at] == 0))
+    return symbols

@@ -1,0 +1,97 @@
+"""junit.xml: the campaign as test cases, so CI systems show findings as failures.
+
+One testcase per ordered pair and flags mode (matrix) or per distinct finding
+(fuzz). Unexpected findings fail; expected ones are skipped with their why.
+Characters XML 1.0 cannot carry are written as escapes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from loadfuzz.model import headline
+from loadfuzz.report.output import write_file
+from loadfuzz.report.view import CampaignView, json_key, sequence_label
+
+# Characters XML 1.0 cannot carry at all, even as references.
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _x(value: object) -> str:
+    """Text XML 1.0 can hold: characters it cannot carry at all are written as escapes."""
+    return _NOT_XML.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(value))
+
+
+def _testcase(suite: ET.Element, classname: str, name: str, campaign: CampaignView,
+              record: Mapping[str, Any] | None) -> None:
+    case = ET.SubElement(suite, "testcase", classname=_x(classname), name=_x(name),
+                         time=f"{(record or {}).get('duration_s') or 0:.3f}")
+    if record is None:
+        ET.SubElement(case, "skipped", message="not run")
+        return
+    status = campaign.status(record)
+    if status == "unexpected":
+        failure = ET.SubElement(case, "failure", message=_x(headline(record)),
+                                type=_x(record["outcome"]))
+        failure.text = _x(f"{record.get('detail', '')}\n\nreproduce:\n{record.get('repro', '')}")
+    elif status == "expected":
+        why = campaign.why.get(json_key(record)) or "covered by the expectations file"
+        ET.SubElement(case, "skipped", message=_x(f"expected: {why}"))
+    if status != "clean":
+        ET.SubElement(case, "system-out").text = _x(json.dumps(record, indent=2,
+                                                               ensure_ascii=False))
+
+
+def target_name(target: str) -> str:
+    """The target as a JUnit classname part: `executorch`, `executorch` for
+    `/x/executorch-1.5.1-cp311-...whl`, the folder name for a directory."""
+    name = Path(str(target)).name
+    if name.endswith(".whl"):
+        name = name.split("-", 1)[0]
+    return re.sub(r"[^A-Za-z0-9_-]", "_", name) or "target"
+
+
+def render_junit(campaign: CampaignView, per: str) -> str:
+    summary = campaign.summary
+    classname = f"loadfuzz.{target_name(str(summary.get('target', '')))}"
+    suites = ET.Element("testsuites")
+    suite = ET.SubElement(suites, "testsuite", name=classname)
+    if per == "pair":
+        pairs = campaign.pairs()
+        libraries = campaign.libraries()
+        wanted = [(a, b, m) for m in campaign.flags_modes() for a in libraries for b in libraries
+                  if a != b]
+        # A shard runs a slice of the pairs: the others are another shard's, not "not run".
+        listed = [p for p in wanted if p in pairs or not summary.get("shard")]
+        listed += sorted(set(pairs) - set(wanted))
+        for first, second, mode in listed:
+            _testcase(suite, classname, f"{first} -> {second} @ {mode}", campaign,
+                      pairs.get((first, second, mode)))
+    elif per == "finding":
+        for record in {json_key(r): r for r in campaign.findings}.values():
+            _testcase(suite, classname, sequence_label(record), campaign, record)
+    else:
+        raise ValueError(f"per must be 'pair' or 'finding', not {per!r}")
+    cases = suite.findall("testcase")
+    suite.set("tests", str(len(cases)))
+    suite.set("failures", str(sum(c.find("failure") is not None for c in cases)))
+    suite.set("errors", "0")
+    suite.set("skipped", str(sum(c.find("skipped") is not None for c in cases)))
+    suite.set("time", f"{sum(float(c.get('time', 0)) for c in cases):.3f}")
+    if summary.get("started"):
+        suite.set("timestamp", _x(summary["started"]))
+    ET.indent(suites)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, "unicode") + "\n"
+
+
+def write_junit(out: Path, summary: Mapping[str, Any], trials: Iterable[Mapping[str, Any]],
+                per: str = "pair") -> Path:
+    """junit.xml: per="pair", one testcase per ordered pair and flags mode (a pair not run is
+    skipped "not run", or left out when the summary names a "shard"); per="finding", one
+    testcase per distinct finding. Unexpected findings fail; expected ones are skipped."""
+    return write_file(out / "junit.xml", render_junit(CampaignView.of(summary, trials), per))

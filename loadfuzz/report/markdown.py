@@ -1,0 +1,167 @@
+"""report.md: the campaign in Markdown, for people and for CI step summaries.
+
+Ids go in code spans (whatever backticks they hold), prose from users is
+escaped, and the repro command of each finding is a fenced block.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from loadfuzz.model import plain_dlopens, signal_name, step_label
+from loadfuzz.report.output import write_file
+from loadfuzz.report.view import (
+    OUTCOME_ORDER,
+    CampaignView,
+    ended_in,
+    flags_mode,
+    json_key,
+    repro_path,
+    visible,
+)
+
+
+def _md_code(text: str) -> str:
+    """An inline code span that holds `text` whatever backticks it contains."""
+    text = visible(text)
+    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    pad = " " if text[:1] in "` " or text[-1:] in "` " else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def _md_block(text: str, lang: str = "") -> str:
+    """A fenced code block that holds `text` (which may span lines) verbatim."""
+    longest = max((len(run) for run in re.findall("^ *(`{3,})", text, re.M)), default=2)
+    fence = "`" * (longest + 1)
+    return f"{fence}{lang}\n{text}\n{fence}"
+
+
+def _md_text(text: str) -> str:
+    """Prose from a user (an expectation's why) as one escaped Markdown line."""
+    return html.escape(" ".join(visible(text).split()), quote=False)
+
+
+def _md_finding(campaign: CampaignView, number: int, record: Mapping[str, Any]) -> list[str]:
+    steps = record["sequence"]
+    title = " then ".join(_md_code(s["lib"]) for s in steps)
+    lines = [f"### {number}. {record['outcome']}: {title} ({_md_code(flags_mode(record))})", ""]
+    if not plain_dlopens(record["sequence"]):  # else the title says it all
+        lines.append("- Sequence: " + " -> ".join(_md_code(step_label(s)) for s in steps))
+    facts = [
+        ("Ended in", ended_in(record)),
+        ("Signature", record.get("signature")),
+        ("Operator", record.get("op")),
+        ("Signal", signal_name(record.get("signal"))),
+        ("Exit code", record.get("exit_code")),
+        ("Detail", record.get("detail")),
+    ]
+    lines += [f"- {name}: {_md_code(str(value))}" for name, value in facts if value is not None]
+    if campaign.status(record) == "expected":
+        why = campaign.why.get(json_key(record)) or "covered by the expectations file"
+        lines.append(f"- Expected: {_md_text(why)}")
+    else:
+        lines.append("- Unexpected: no expectation covers it.")
+    where = repro_path(campaign, record)
+    lines += ["", f"Reproduce{f' (also {_md_code(where)})' if where else ''}:", ""]
+    lines += [_md_block(record.get("repro", ""), "sh"), ""]
+    return lines
+
+
+def _md_stale(entry: Mapping[str, Any]) -> str:
+    flags = ", ".join(entry.get("flags") or []) or "any flags"
+    what = f"{entry.get('outcome')}" + (f", op {_md_code(entry['op'])}" if entry.get("op") else "")
+    pair = f"{_md_code(entry.get('first', '?'))} x {_md_code(entry.get('second', '?'))}"
+    line = f"- {pair} ({entry.get('orders', 'both')} orders, {flags}): {what}"
+    line += f" — {_md_text(entry.get('why', ''))}"
+    return line + (f" ({_md_code(entry['source'])})" if entry.get("source") else "")
+
+
+def _md_rows(servers: dict | None) -> str | None:
+    """How many matrix rows forked from a row server, and why the others did not."""
+    if not servers or not (servers.get("rows_shared") or servers.get("rows_not_shared")):
+        return None
+    why = "; ".join(f"{_md_text(reason)}: {count}"
+                    for reason, count in servers.get("rows_not_shared", {}).items())
+    return f"{servers.get('rows_shared', 0)} rows" + (f" (not shared: {why})" if why else "")
+
+
+def render_markdown(campaign: CampaignView) -> str:
+    summary = campaign.summary
+    libraries = campaign.libraries()
+    lines = [f"# {_md_text(campaign.title())}", "", f"**{campaign.verdict()}.**", ""]
+
+    lines += ["## What was tested", ""]
+    tested = [
+        ("Target", _md_code(str(summary.get("target", "?")))),
+        ("Version", summary.get("version") and _md_code(str(summary["version"]))),
+        ("Command", _md_code(str(summary.get("command", "matrix")))),
+        ("Flags modes", ", ".join(_md_code(m) for m in campaign.flags_modes()) or None),
+        ("Libraries", str(len(libraries))),
+        ("Preloaded", ", ".join(_md_code(str(p)) for p in summary.get("preload", [])) or None),
+        ("Trials", str(summary.get("trials", len(campaign.records)))),
+        ("Started", summary.get("started")),
+        ("Finished", summary.get("finished")),
+        ("Throughput", summary.get("throughput") and f"{summary['throughput']:.1f} trials/s"),
+        ("Shared prefixes", _md_rows(summary.get("servers"))),
+        ("Results folder", summary.get("out") and _md_code(str(summary["out"]))),
+    ]
+    lines += [f"- {name}: {value}" for name, value in tested if value]
+    counts = campaign.outcome_counts()
+    lines += ["", "| outcome | trials |", "|---|---:|"]
+    ordered = [o for o in OUTCOME_ORDER if counts[o]] + sorted(set(counts) - set(OUTCOME_ORDER))
+    lines += [f"| {outcome} | {counts[outcome]} |" for outcome in ordered]
+    lines += ["", "<details><summary>Libraries</summary>", ""]
+    lines += [f"{n}. {_md_code(lib)}" for n, lib in enumerate(libraries, start=1)]
+    lines += ["", "</details>", ""]
+
+    for status in ("unexpected", "expected"):
+        numbered = [(n, r) for n, r in enumerate(campaign.findings, 1)
+                    if campaign.status(r) == status]
+        lines += [f"## {status.capitalize()} findings ({len(numbered)})", ""]
+        if not numbered:
+            lines += ["None.", ""]
+        for number, record in numbered:
+            lines += _md_finding(campaign, number, record)
+
+    stale = summary.get("stale", [])
+    lines += [f"## Stale expectations ({len(stale)})", ""]
+    if stale:
+        lines += ["These entries of the expectations file matched no finding:", ""]
+        lines += [_md_stale(entry) for entry in stale]
+    else:
+        lines.append("None.")
+    lines.append("")
+
+    interposed = summary.get("interposition", [])
+    if interposed:
+        lines += [f"## Where the flags matter ({len(interposed)})", "",
+                  "Pairs whose outcome differs between `global` and `local`, and the exported "
+                  "symbols both define: under `global` the second library's calls to them bind "
+                  "to the first library's copy.", ""]
+        lines += [f"- {_md_code(e['first'])} then {_md_code(e['second'])}: global "
+                  f"{e['global']}, local {e['local']}; both define "
+                  + (", ".join(_md_code(name) for name in e["shared_symbols"]) or "nothing exported")
+                  for e in interposed]
+        lines.append("")
+
+    disagreements = summary.get("disagreements", [])
+    if disagreements:
+        lines += [f"## Disagreements ({len(disagreements)})", ""]
+        lines += [_md_block(json.dumps(disagreements, indent=2, ensure_ascii=False), "json"), ""]
+    return "\n".join(lines)
+
+
+def markdown_summary(summary: Mapping[str, Any], trials: Iterable[Mapping[str, Any]]) -> str:
+    """The text of report.md (the driver also appends it to $GITHUB_STEP_SUMMARY)."""
+    return render_markdown(CampaignView.of(summary, trials))
+
+
+def write_report_md(
+    out: Path, summary: Mapping[str, Any], trials: Iterable[Mapping[str, Any]]
+) -> Path:
+    return write_file(out / "report.md", markdown_summary(summary, trials))

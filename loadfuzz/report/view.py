@@ -1,0 +1,141 @@
+"""The campaign as the report writers see it: the summary and the trial records, looked up once.
+
+Every writer takes the campaign's JSON data: the summary (the `--json`
+object, with the optional keys the driver adds: "command", "version",
+"expected", "preload", "servers", "throughput", "disagreements", "started",
+"finished", "shard") and the trial records as dicts (as in trials.jsonl), so
+a folder can be re-rendered later from its own summary.json and trials.jsonl.
+
+Which finding is expected comes from the summary, never from re-matching: a
+finding listed in "unexpected" is unexpected, any other finding is expected
+(with the "why" of the entry in "expected" when the summary has one).
+
+Library ids can hold spaces, newlines, `<`, `&`, non-ASCII and even bytes
+that are not UTF-8 (lone surrogates): `visible` shows what cannot be shown
+as escapes; each writer escapes for its own format.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from loadfuzz.model import Key, json_key, spell_sequence, step_label
+
+# The outcomes, in the order of the legend and of the outcome table.
+OUTCOME_ORDER = ("clean", "reregister", "abort", "crash", "load-error", "exit", "timeout")
+# Characters shown as escapes wherever text must stay on one visible line.
+_INVISIBLE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+@dataclass(frozen=True)
+class CampaignView:
+    """The summary plus every trial, with each finding's number and status looked up once."""
+
+    summary: Mapping[str, Any]
+    records: dict[Key, Mapping[str, Any]]  # last record per sequence; summary findings win
+    findings: list[Mapping[str, Any]]  # the summary's findings, numbered from 1 in this order
+    number: dict[Key, int]
+    unexpected: frozenset[Key]
+    why: dict[Key, str]
+
+    @classmethod
+    def of(cls, summary: Mapping[str, Any], trials: Iterable[Mapping[str, Any]]) -> CampaignView:
+        findings = list(summary.get("findings", []))
+        records = {json_key(r): r for r in trials}
+        records.update((json_key(r), r) for r in findings)
+        return cls(
+            summary=summary,
+            records=records,
+            findings=findings,
+            number={json_key(r): n for n, r in reversed(list(enumerate(findings, start=1)))},
+            unexpected=frozenset(json_key(r) for r in summary.get("unexpected", [])),
+            why={json_key(e["record"]): e.get("why", "") for e in summary.get("expected", [])},
+        )
+
+    def status(self, record: Mapping[str, Any]) -> str:
+        """One of clean, expected, unexpected. A finding the summary lists nowhere counts as
+        unexpected: nothing vouched for it."""
+        key = json_key(record)
+        if record["outcome"] == "clean":
+            return "clean"
+        if key in self.unexpected:
+            return "unexpected"
+        return "expected" if key in self.number or key in self.why else "unexpected"
+
+    def title(self) -> str:
+        summary = self.summary
+        name = f"{summary.get('target', '?')} {summary.get('version') or ''}".strip()
+        return f"loadfuzz {summary.get('command', 'matrix')}: {name}"
+
+    def verdict(self) -> str:
+        unexpected = sum(self.status(r) == "unexpected" for r in self.findings)
+        stale = len(self.summary.get("stale", []))
+        parts = [f"{count(len(self.findings), 'finding')}, {len(self.findings) - unexpected}"
+                 " of them expected" if self.findings else "every trial was clean"]
+        if stale:
+            parts.append(count(stale, "stale expectation"))
+        head = count(unexpected, "unexpected finding") if unexpected else "Nothing unexpected"
+        return f"{head}: " + ", ".join(parts)
+
+    def outcome_counts(self) -> Counter[str]:
+        return Counter(r["outcome"] for r in self.records.values())
+
+    def libraries(self) -> list[str]:
+        """The summary's libraries, then any library a pair trial names that it lacks."""
+        named = (s["lib"] for r in self.pair_records() for s in r["sequence"])
+        return list(dict.fromkeys([*self.summary.get("libraries", []), *named]))
+
+    def flags_modes(self) -> list[str]:
+        """The summary's flags modes, then any mode a pair trial was run under that it lacks."""
+        ran = map(flags_mode, self.pair_records())
+        return list(dict.fromkeys([*self.summary.get("flags", []), *ran]))
+
+    def pair_records(self) -> list[Mapping[str, Any]]:
+        return [r for r in self.records.values() if len(r["sequence"]) == 2]
+
+    def pairs(self) -> dict[tuple[str, str, str], Mapping[str, Any]]:
+        """(first, second, flags mode) -> the record of that two-step trial."""
+        return {
+            (r["sequence"][0]["lib"], r["sequence"][1]["lib"], flags_mode(r)): r
+            for r in self.pair_records()
+        }
+
+
+def count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' * (n != 1)}"
+
+
+def flags_mode(record: Mapping[str, Any]) -> str:
+    """The flags mode a trial ran under: its steps' mode, or "global/local" if they differ."""
+    return "/".join(dict.fromkeys(s["flags"] for s in record["sequence"]))
+
+
+def visible(text: str) -> str:
+    """`text` on one line: control characters and undecodable bytes shown as escapes."""
+    return _INVISIBLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def sequence_label(record: Mapping[str, Any]) -> str:
+    """The trial's steps as people read them (see `model.spell_sequence`)."""
+    return spell_sequence(record["sequence"])
+
+
+def ended_in(record: Mapping[str, Any]) -> str | None:
+    step = record.get("step")
+    if step is None or not 0 <= step < len(record["sequence"]):
+        return None
+    return f"step {step} ({step_label(record['sequence'][step])})"
+
+
+def script_name(number: int, total: int) -> str:
+    """repro/NNN.sh name of finding `number` (1-based) of `total`: 001.sh, ..., 1000.sh."""
+    return f"{number:0{max(3, len(str(total)))}d}.sh"
+
+
+def repro_path(campaign: CampaignView, record: Mapping[str, Any]) -> str | None:
+    number = campaign.number.get(json_key(record))
+    return None if number is None else f"repro/{script_name(number, len(campaign.findings))}"

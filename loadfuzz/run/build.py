@@ -1,0 +1,83 @@
+"""Build the C harness: one recipe, compiled on first use into the user's cache.
+
+The source ships inside the package (`loadfuzz/run/harness.c`, the project's
+`harness_c/harness.c`), so an installed wheel needs only a C compiler. The
+binary's name carries a hash of the source and the recipe: a changed source
+or recipe builds a new one, and two processes building at once both end up
+with a whole binary (each compiles to a file of its own, then renames).
+
+    python -m loadfuzz.run.build [--strict]   # prints the binary's path
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+from loadfuzz import hostenv
+
+CFLAGS = ("-std=c11", "-O2", "-Wall", "-Wextra", "-D_GNU_SOURCE")
+LIBS = ("-ldl",)
+
+
+class BuildFailed(RuntimeError):
+    """The harness could not be compiled or stored: the message says why and what to do."""
+
+
+def source() -> bytes:
+    return resources.files("loadfuzz.run").joinpath("harness.c").read_bytes()
+
+
+def compiler() -> str:
+    return os.environ.get("CC") or "gcc"
+
+
+def recipe(output: Path, source_path: Path, strict: bool = False) -> list[str]:
+    """The one command line that compiles the harness (`strict`: warnings are errors)."""
+    return [compiler(), *CFLAGS, *(["-Werror"] if strict else []), "-o", str(output),
+            str(source_path), *LIBS]
+
+
+def harness_binary(strict: bool = False) -> Path:
+    """The compiled harness for the shipped source, built into the cache if it is not there."""
+    text = source()
+    digest = hashlib.sha256(text + "\0".join(recipe(Path("out"), Path("in.c"))).encode())
+    binary = hostenv.cache_folder() / f"harness-{digest.hexdigest()[:16]}"
+    if binary.is_file() and os.access(binary, os.X_OK):
+        return binary
+    try:
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".harness-", dir=binary.parent) as scratch:
+            source_path, output = Path(scratch) / "harness.c", Path(scratch) / "harness"
+            source_path.write_bytes(text)
+            done = subprocess.run(recipe(output, source_path, strict), capture_output=True,
+                                  text=True)
+            if done.returncode != 0:
+                first = next((line for line in done.stderr.splitlines() if line.strip()), "")
+                raise BuildFailed(f"cannot compile the harness with {compiler()}: {first}")
+            os.replace(output, binary)
+    except FileNotFoundError as exc:
+        raise BuildFailed(f"cannot compile the harness: no C compiler ({exc.filename}); "
+                          "install gcc or set CC") from None
+    except OSError as exc:
+        raise BuildFailed(f"cannot store the harness in {binary.parent}: {exc.strerror or exc}; "
+                          "set XDG_CACHE_HOME to a writable folder") from None
+    return binary
+
+
+def main(argv: list[str]) -> int:
+    try:
+        print(harness_binary(strict="--strict" in argv))
+    except BuildFailed as exc:
+        print(f"loadfuzz: {exc}", file=sys.stderr)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

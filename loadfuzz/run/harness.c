@@ -1,0 +1,1 @@
+../../harness_c/harness.c

@@ -1,0 +1,2 @@
+"""Search: find load orders that fail and make them minimal. `shrink` (the shared minimiser),
+`fuzz` (Hypothesis exploration) and `repro` (from a crash log line to a minimal order)."""

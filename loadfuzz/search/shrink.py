@@ -1,0 +1,71 @@
+"""Shrink: make a failing load order minimal while it keeps failing the same way.
+
+Minimal means, in this order of preference (`simplicity`): fewer steps, then
+earlier choices among the ways to load each library (earlier library,
+`local` before `global`). `simplify` is a greedy pass to a fixpoint that keeps
+(outcome, signature, operator); a failure's `Identity` is what makes two
+failures the same one once shrunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from loadfuzz.model import Sequence as Steps
+from loadfuzz.model import Step, TrialRecord
+
+
+def simplicity(seq: Steps, options: Sequence[Step]) -> tuple:
+    """Shortlex order: fewer steps first, then earlier options (earlier library, local)."""
+    return (len(seq), [options.index(s) if s in options else len(options) for s in seq])
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What makes two failures the same failure."""
+
+    outcome: str
+    signature: str | None
+    op: str | None
+    libraries: frozenset[str]
+
+    @classmethod
+    def of(cls, record: TrialRecord) -> Identity:
+        libs = frozenset(s.lib for s in record.sequence[:(record.step or 0) + 1])
+        return cls(record.outcome.value, record.signature, record.op, libs)
+
+    def rough(self, record: TrialRecord) -> tuple:
+        """Before shrinking, the set is not known yet: the failing step's library stands in."""
+        return (self.outcome, self.signature, self.op, record.sequence[record.step or 0].lib)
+
+
+def simplify(record: TrialRecord, run: Callable[[Steps], TrialRecord],
+             options: Sequence[Step]) -> TrialRecord:
+    """Greedy shrink to a fixpoint, keeping (outcome, signature, op): cut the steps after the
+    failing one, drop steps, move to earlier options (earlier library, `local` before
+    `global`). Hypothesis has shrunk search findings already; this normalises the others."""
+
+    def same(candidate: TrialRecord) -> bool:
+        return (candidate.outcome, candidate.signature, candidate.op) == (
+            record.outcome, record.signature, record.op)
+
+    best = record
+    if best.step is not None and best.step + 1 < len(best.sequence):
+        cut = run(best.sequence[:best.step + 1])
+        best = cut if same(cut) else best
+    improved = True
+    while improved:
+        improved = False
+        seq = best.sequence
+        candidates = [seq[:i] + seq[i + 1:] for i in range(len(seq)) if len(seq) > 1]
+        for i, current in enumerate(seq):
+            simpler = [o for o in options[:options.index(current)]
+                       if o.lib == current.lib] if current in options else []
+            candidates += [(*seq[:i], o, *seq[i + 1:]) for o in simpler]
+        for candidate in candidates:
+            tried = run(candidate)
+            if same(tried):
+                best, improved = tried, True
+                break
+    return best

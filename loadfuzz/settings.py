@@ -1,0 +1,62 @@
+"""Settings: what a user asked for, as typed values that the CLI, the API and the pytest plugin
+all build the same way (nothing below the command line sees argparse).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loadfuzz import inventory
+from loadfuzz.expect import Expectation, load_expectations
+from loadfuzz.model import Flags
+from loadfuzz.plan import WHOLE, Shard
+from loadfuzz.run.harness import Limits
+from loadfuzz.run.tiers import Tiers
+from loadfuzz.run.trials import Trials
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """Which libraries: a TARGET, extra libraries (`--add`) and id globs (`--select`)."""
+
+    target: str
+    add: tuple[Path, ...] = ()
+    select: tuple[str, ...] = ()
+
+    def load(self) -> tuple[inventory.Inventory, tuple[inventory.Library, ...]]:
+        """The target's inventory and the selected libraries; UsageError on bad input."""
+        inv = inventory.load_target(self.target, self.add)
+        return inv, inv.select(self.select)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """How trials run: limits, fork servers or not, and how many at once."""
+
+    limits: Limits = field(default_factory=Limits)
+    cold: bool = False  # every trial a fresh process, no fork server
+    jobs: int = field(default_factory=lambda: os.cpu_count() or 1)
+
+    def trials(self, inv: inventory.Inventory,
+               servers_for: tuple[inventory.Library, ...] | None = None) -> Trials:
+        """A runner for sequences of the inventory's libraries, its fork servers built for
+        `servers_for` (default: every library)."""
+        return Trials(self.limits, Tiers.of(inv.libraries, servers_for), cold=self.cold)
+
+
+@dataclass(frozen=True)
+class CampaignSettings:
+    """One campaign (matrix, fuzz or repro) as asked for."""
+
+    target: TargetSpec
+    run: RunSettings = field(default_factory=RunSettings)
+    flags: tuple[Flags, ...] = (Flags.GLOBAL, Flags.LOCAL)
+    expect: Path | None = None  # expectations file
+    out: Path | None = None  # results folder; None: results/<name>-<version>/<time>/
+    resume: bool = False
+    shard: Shard = WHOLE
+
+    def expectations(self) -> tuple[Expectation, ...]:
+        return load_expectations(self.expect) if self.expect else ()

@@ -1,0 +1,165 @@
+"""Targets: which shared-library files a TARGET names, under which ids.
+
+A TARGET is a `.whl` (unpacked once into the cache, safely), a directory, an
+installed distribution's name, or one `.so`. `locate` turns it into a
+`TargetFiles`: the root that ids are relative to, the name and version for
+result folders, and every candidate library file by id. Nothing here reads
+ELF contents; `inventory` does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import posixpath
+import re
+import shutil
+import stat
+import tempfile
+import zipfile
+import zlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from loadfuzz import hostenv
+from loadfuzz.model import UsageError
+
+SO_FILE = re.compile(r".+\.so(\.\d+)*")
+
+
+@dataclass(frozen=True)
+class TargetFiles:
+    """What a TARGET names: candidate library files by id, and what to call it."""
+
+    target: str  # as given
+    name: str  # short name, for folder names
+    version: str | None
+    root: Path  # ids are paths relative to it
+    files: Mapping[str, Path]  # id -> file
+    single: bool  # one library given on its own: it must be readable
+
+
+def locate(target: str) -> TargetFiles:
+    """The files of a .whl, a directory, an installed distribution or one .so; UsageError if none."""
+    path = Path(target)
+    if path.is_dir():
+        root, name, version = path.absolute(), path.absolute().name, None
+        candidates = list(walk_libraries(root))
+    elif path.is_file() and path.suffix == ".whl":
+        root, name, version = unpack_wheel(path)
+        candidates = list(walk_libraries(root))
+    elif path.is_file():
+        root, name, version = path.absolute().parent, path.name.split(".")[0], None
+        candidates = [path.absolute()]
+    elif "/" in target or target.endswith((".whl", ".so")):
+        raise UsageError(f"no such file or directory: {target}")
+    else:
+        root, name, version, candidates = installed_distribution(target)
+    files = {posixpath.join(*p.relative_to(root).parts): p for p in candidates}
+    single = path.is_file() and path.suffix != ".whl"
+    return TargetFiles(target, name, version, root, files, single)
+
+
+def walk_libraries(root: Path) -> Iterator[Path]:
+    """The shared-library files under a folder (symlinks are not followed nor listed)."""
+    for folder, subfolders, names in os.walk(root):
+        subfolders.sort()
+        for name in sorted(names):
+            candidate = Path(folder) / name
+            if SO_FILE.fullmatch(name) and not candidate.is_symlink() and candidate.is_file():
+                yield candidate
+
+
+def package_root(base: Path, top_level: set[str]) -> Path:
+    """The single top-level package folder, or `base` when there are several (or loose files)."""
+    folders = [name for name in top_level if (base / name).is_dir()]
+    return base / folders[0] if len(top_level) == 1 and folders else base
+
+
+def installed_distribution(name: str) -> tuple[Path, str, str | None, list[Path]]:
+    try:
+        dist = importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        raise UsageError(f"no such file, directory or installed distribution: {name}") from None
+    records = [PurePosixPath(str(entry)) for entry in dist.files or ()]
+    records = [r for r in records if r.parts and ".." not in r.parts]
+    base = Path(dist.locate_file(""))
+    top_level = {r.parts[0] for r in records if not r.parts[0].endswith((".dist-info", ".data"))}
+    root = package_root(base, top_level)
+    candidates = [Path(dist.locate_file(str(r))) for r in records if SO_FILE.fullmatch(r.name)]
+    candidates = sorted(p for p in candidates if p.is_file() and not p.is_symlink()
+                        and p.is_relative_to(root))
+    if not candidates:
+        raise UsageError(f"no ELF shared library in the installed distribution {name}")
+    return root, dist.metadata["Name"] or name, dist.version, candidates
+
+
+def unpack_wheel(wheel: Path) -> tuple[Path, str, str | None]:
+    """Unpack a wheel (once) into the cache folder named by its SHA-256; (root, name, version)."""
+    digest = hashlib.sha256()
+    with open(wheel, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    wheels = hostenv.cache_folder() / "wheels"
+    final = wheels / digest.hexdigest()
+    if not final.is_dir():
+        wheels.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=".unpacking-", dir=wheels))
+        try:
+            extract_safely(wheel, scratch)
+            try:
+                os.rename(scratch, final)
+            except OSError:
+                if not final.is_dir():  # not a concurrent unpack of the same wheel that won
+                    raise
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    info = sorted(p.name for p in final.iterdir() if p.name.endswith(".dist-info"))
+    if not info:
+        raise UsageError(f"{wheel}: not a wheel (no .dist-info folder inside)")
+    name, _, version = info[0].removesuffix(".dist-info").partition("-")
+    top_level = {p.name for p in final.iterdir() if not p.name.endswith((".dist-info", ".data"))}
+    return package_root(final, top_level), name, version or None
+
+
+def extract_safely(wheel: Path, into: Path) -> None:
+    """Extract every entry under `into`; any entry that would land outside it is an error."""
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            for entry in archive.infolist():
+                destination = entry_destination(wheel, entry.filename, into)
+                mode = entry.external_attr >> 16
+                if stat.S_ISLNK(mode):
+                    link = archive.read(entry).decode("utf-8", "replace")
+                    inside = posixpath.normpath(posixpath.join(posixpath.dirname(entry.filename),
+                                                               link))
+                    if link.startswith("/") or inside == ".." or inside.startswith("../"):
+                        raise UsageError(f"{wheel}: entry {entry.filename!r} is a symlink to "
+                                         f"{link!r}, outside the wheel")
+                    destination.parent.mkdir(parents=True, exist_ok=True)
+                    os.symlink(link, destination)
+                elif entry.is_dir():
+                    destination.mkdir(parents=True, exist_ok=True)
+                else:
+                    destination.parent.mkdir(parents=True, exist_ok=True)
+                    with archive.open(entry) as source, open(destination, "wb") as sink:
+                        shutil.copyfileobj(source, sink)
+                    if mode & 0o777:
+                        destination.chmod(mode & 0o777)
+    except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as exc:
+        raise UsageError(f"corrupt wheel {wheel}: {exc}") from None
+    except OSError as exc:
+        raise UsageError(f"cannot unpack {wheel}: {exc}") from None
+
+
+def entry_destination(wheel: Path, name: str, into: Path) -> Path:
+    parts = PurePosixPath(name.replace("\\", "/")).parts
+    if (name.startswith(("/", "\\")) or re.match(r"[A-Za-z]:", name) or ".." in parts
+            or not parts):
+        raise UsageError(f"{wheel}: unsafe entry {name!r} (absolute, or climbing out with ..)")
+    destination = into.joinpath(*parts)
+    if not destination.resolve().is_relative_to(into.resolve()):
+        raise UsageError(f"{wheel}: entry {name!r} would land outside the wheel (through a symlink)")
+    return destination

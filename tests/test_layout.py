@@ -1,0 +1,81 @@
+"""The package reads as the pipeline: one job per module, no module too long, no import cycle
+(imports inside functions count), and nothing in the repository points outside it."""
+
+import ast
+import re
+
+from support import ROOT
+
+PACKAGE = ROOT / "loadfuzz"
+MOST_LINES = 450
+
+
+def module_name(path):
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path, modules):
+    """Every loadfuzz module this file imports, at any depth of its code (`from P import M`
+    of a module M counts as P.M)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("loadfuzz")}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("loadfuzz"):
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in modules else node.module)
+    return found
+
+
+def graph():
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    return {name: {target for target in imports(path, modules) if target in modules and target != name}
+            for name, path in modules.items()}
+
+
+def cycle(edges):
+    """One import cycle as a list of modules, or None."""
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for target in sorted(edges[node]):
+            if state.get(target) == "open":
+                return [*stack[stack.index(target):], target]
+            if target not in state and (found := visit(target)):
+                return found
+        state[node] = "done"
+        stack.pop()
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_module_imports_itself_back_through_others():
+    assert cycle(graph()) is None
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+def test_every_module_opens_with_a_docstring_and_stays_short():
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        assert ast.get_docstring(tree), f"{path.relative_to(ROOT)} does not say what its job is"
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        assert lines <= MOST_LINES, f"{path.relative_to(ROOT)} has {lines} lines"
+
+
+def test_nothing_points_outside_the_repository():
+    places = [ROOT / "README.md", *ROOT.glob("docs/*.md"), *PACKAGE.rglob("*.py"),
+              *(ROOT / "results" / "expectations").glob("*.toml"), *ROOT.glob("tools/*.py")]
+    for path in places:
+        text = path.read_text(encoding="utf-8")
+        assert not re.search(r"\.\./shared|CONTRACT\.md", text), path.relative_to(ROOT)
