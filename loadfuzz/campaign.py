@@ -10,6 +10,9 @@ expectations and nothing else. `run_matrix` is the matrix command's whole job.
 
 from __future__ import annotations
 
+import contextlib
+import shlex
+import signal
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -23,6 +26,14 @@ from loadfuzz.model import Sequence as Steps
 from loadfuzz.results import ResultsFolder, default_out, utc_now
 from loadfuzz.run.trials import Trials, run_all
 from loadfuzz.settings import CampaignSettings
+
+
+class Stopped(KeyboardInterrupt):
+    """The campaign was stopped by a signal (SIGINT, SIGTERM, SIGHUP): finished trials are kept."""
+
+    def __init__(self, signum: int = signal.SIGINT):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
 
 
 class Watcher(Protocol):
@@ -68,6 +79,19 @@ class Prepared:
 
     def trials(self, servers_for: Sequence[Library] | None = None) -> Trials:
         return self.settings.run.trials(self.inv, tuple(servers_for or self.libs))
+
+    def resume_command(self) -> str | None:
+        """The command that continues this campaign (matrix only: fuzz and repro start anew)."""
+        if self.command != "matrix":
+            return None
+        words, typed = [], list(self.settings.invocation or (self.command, self.inv.target))
+        while typed:
+            word = typed.pop(0)
+            if word == "--out" and typed:
+                typed.pop(0)
+            elif word != "--resume" and not word.startswith("--out="):
+                words.append(word)
+        return shlex.join(["loadfuzz", *words, "--resume", "--out", str(self.out)])
 
 
 def prepare(settings: CampaignSettings, command: str, suffix: str = "") -> Prepared:
@@ -149,9 +173,21 @@ def exit_status(summary: dict[str, Any]) -> int:
     return 1 if summary["unexpected"] else 0
 
 
+def write_partial(campaign: Prepared, records: Sequence[TrialRecord],
+                  findings: Sequence[TrialRecord], trials: Trials, started: str, elapsed_s: float,
+                  per: str, **extra: Any) -> None:
+    """The summary and the reports of the trials finished so far, marked incomplete, when the
+    folder can still take them (a full disk may be why the campaign stopped)."""
+    summary = summarize(campaign, records, findings, trials, started, elapsed_s, incomplete=True,
+                        resume=campaign.resume_command(), **extra)
+    with contextlib.suppress(OSError):
+        campaign.folder.write_reports(summary, records, per=per)
+
+
 def run_matrix(campaign: Prepared, watcher: Watcher) -> tuple[dict[str, Any], list[TrialRecord]]:
     """Every ordered pair of the selected libraries under each flags mode (this shard's slice),
-    into the results folder; the summary and every record, reports written."""
+    into the results folder; the summary and every record, reports written. Stopped (a signal)
+    or failing, it leaves a partial summary and report of what finished, then raises."""
     settings = campaign.settings
     work = settings.shard.take(plan.pairs(campaign.libs, settings.flags))
     watcher.planned(len(work))
@@ -159,7 +195,15 @@ def run_matrix(campaign: Prepared, watcher: Watcher) -> tuple[dict[str, Any], li
     campaign.folder.open()
     try:
         with campaign.trials() as trials:
-            records = run_work(work, trials, campaign.folder, settings.run.jobs, watcher)
+            try:
+                records = run_work(work, trials, campaign.folder, settings.run.jobs, watcher)
+            except BaseException:
+                trials.close()
+                done = [campaign.folder.records[key] for key in map(sequence_key, work)
+                        if key in campaign.folder.records]
+                write_partial(campaign, done, [r for r in done if not r.clean], trials, started,
+                              time.monotonic() - clock, "pair")
+                raise
             findings = [r for r in records if not r.clean]
             summary = summarize(campaign, records, findings, trials, started,
                                 time.monotonic() - clock,

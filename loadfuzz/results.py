@@ -2,13 +2,21 @@
 
 Every finished trial is appended to `trials.jsonl` at once, as one whole line
 in one write, so a campaign killed at any moment keeps every trial it
-finished and `--resume` runs only the rest. At the end the summary and the
-reports (see `report`) are written beside it, and the Markdown report is
-appended to `$GITHUB_STEP_SUMMARY` when that is set.
+finished and `--resume` runs only the rest; a write that fails (a full disk)
+is cut back so the file still ends in a whole line. At the end the summary
+and the reports (see `report`) are written beside it, and the Markdown report
+is appended to `$GITHUB_STEP_SUMMARY` when that is set.
+
+One campaign writes a folder at a time: `open` takes a lock (`.lock`, flock),
+so a second campaign on the same `--out` is refused even when both start at
+the same instant.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
 import os
 import threading
@@ -19,6 +27,11 @@ from typing import Any
 
 from loadfuzz import report
 from loadfuzz.model import Key, TrialRecord, UsageError
+
+LOCK = ".lock"
+# Errors that say the results folder cannot take more (rather than a bug of loadfuzz's).
+FULL_OR_READ_ONLY = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO,
+                     errno.EFBIG)
 
 
 def utc_now() -> str:
@@ -45,16 +58,22 @@ class ResultsFolder:
             raise UsageError(f"--resume: {out} holds no campaign (no trials.jsonl)")
         if out.exists() and not out.is_dir():
             raise UsageError(f"--out {out}: not a folder")
-        if not resume and out.exists() and any(out.iterdir()):
+        if not resume and self.holds_results():
             raise UsageError(f"{out} already holds results: pass --resume or another --out")
+        self.resume = resume
         self.done: dict[Key, TrialRecord] = {}
         if resume:
             self._repair()
             for line in self.trials_path.read_text(encoding="utf-8").splitlines():
                 record = TrialRecord.from_json(json.loads(line), locate)
                 self.done[record.key()] = record
+        self.records: dict[Key, TrialRecord] = dict(self.done)  # everything in trials.jsonl
         self._lock = threading.Lock()
         self._fd: int | None = None
+        self._lock_fd: int | None = None
+
+    def holds_results(self) -> bool:
+        return self.out.is_dir() and any(p.name != LOCK for p in self.out.iterdir())
 
     def _repair(self) -> None:
         """Drop a torn last line (the campaign was killed in the middle of one)."""
@@ -64,19 +83,44 @@ class ResultsFolder:
                 file.truncate(data.rfind(b"\n") + 1)
 
     def open(self) -> None:
+        """Take the folder (UsageError when another campaign holds it) and open trials.jsonl."""
         self.out.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.trials_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._lock_fd = os.open(self.out / LOCK, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.close()
+            raise UsageError(f"{self.out} is in use by another campaign: wait for it, or pass "
+                             "another --out") from None
+        if not self.resume and self.holds_results() and self.trials_path.exists():
+            self.close()  # another campaign wrote here between our check and our lock
+            raise UsageError(f"{self.out} already holds results: pass --resume or another --out")
+        self._fd = os.open(self.trials_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
+                           0o644)
 
     def append(self, record: TrialRecord) -> None:
+        """Append one record as one whole line; on a failed write, cut the file back to the last
+        whole line and raise (OSError), so that nothing torn is ever left behind."""
         line = json.dumps(record.to_json(), ensure_ascii=False).encode("utf-8", "backslashreplace")
+        data = memoryview(line + b"\n")
         with self._lock:
             assert self._fd is not None, "open() the folder first"
-            os.write(self._fd, line + b"\n")
+            whole = os.fstat(self._fd).st_size
+            try:
+                while data:
+                    data = data[os.write(self._fd, data):]
+            except OSError:
+                with contextlib.suppress(OSError):  # else --resume drops the torn line
+                    os.ftruncate(self._fd, whole)
+                raise
+            self.records[record.key()] = record
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        for name in ("_fd", "_lock_fd"):
+            fd = getattr(self, name)
+            if fd is not None:
+                os.close(fd)
+                setattr(self, name, None)
 
     def write_reports(self, summary: dict[str, Any], records: Iterable[TrialRecord], per: str) -> None:
         """summary.json, report.md, matrix.html, junit.xml and repro/ (and the step summary)."""

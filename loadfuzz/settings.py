@@ -57,6 +57,7 @@ class CampaignSettings:
     out: Path | None = None  # results folder; None: results/<name>-<version>/<time>/
     resume: bool = False
     shard: Shard = WHOLE
+    invocation: tuple[str, ...] = ()  # the command's words as typed (for the resume command)
 
     def expectations(self) -> tuple[Expectation, ...]:
         return load_expectations(self.expect) if self.expect else ()

@@ -47,6 +47,18 @@ class Lib:
     path: Path
 
 
+def processes_holding(path: Path) -> list[int]:
+    """The processes that have `path` mapped (a library still loaded somewhere)."""
+    holders = []
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            if str(path) in maps.read_text():
+                holders.append(int(maps.parent.name))
+        except OSError:
+            continue
+    return holders
+
+
 def loadfuzz(*args: str, cwd: Path | None = None, timeout: float = 600):
     """Run the CLI as a user would; returns the CompletedProcess (text)."""
     return subprocess.run([str(LOADFUZZ), *map(str, args)], capture_output=True, text=True,

@@ -11,14 +11,13 @@ No test asserts a duration.
 """
 
 import signal
-from pathlib import Path
 
 import psutil
 import pytest
 
 from loadfuzz.model import Flags, Outcome
 from loadfuzz.run.harness import HarnessStep, Limits, run_cold
-from support import PATHS, hostile, step, trials_on
+from support import PATHS, hostile, processes_holding, step, trials_on
 
 LIMITS = Limits(timeout_s=2, mem_mb=4096)
 # mmap_ceiling maps and touches memory up to RLIMIT_AS. A small ceiling keeps it
@@ -59,17 +58,6 @@ def via(path: str, outcome: Outcome) -> str:
 def runner_of(trials):
     """The `Trials` behind a runner from `trials_on` (the shared-prefix one wraps it)."""
     return getattr(trials, "trials", trials)
-
-
-def processes_holding(path: Path) -> list[int]:
-    holders = []
-    for maps in Path("/proc").glob("[0-9]*/maps"):
-        try:
-            if str(path) in maps.read_text():
-                holders.append(int(maps.parent.name))
-        except OSError:
-            continue
-    return holders
 
 
 def strays() -> list[psutil.Process]:

@@ -20,7 +20,15 @@ import time
 import psutil
 import pytest
 
-from support import LEGACY_PLUGIN, LOADFUZZ, PAIRS_WITH_PLUGIN, ROOT, executorch_ids, loadfuzz
+from support import (
+    LEGACY_PLUGIN,
+    LOADFUZZ,
+    PAIRS_WITH_PLUGIN,
+    ROOT,
+    executorch_ids,
+    loadfuzz,
+    processes_holding,
+)
 
 PLUGIN = "extra/libquantized_ops_legacy_plugin.so"
 HOLDERS = ("lib/libexecutorch_kernels_quantized.so",
@@ -123,7 +131,8 @@ def resume_and_check(out):
     assert len(json.loads(done.stdout)["findings"]) == 8
 
 
-@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "sigkill"])
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL],
+                         ids=["ctrl-c", "sigterm", "sighup", "sigkill"])
 def test_an_interrupted_campaign_keeps_whole_lines_and_resume_runs_each_trial_once(tmp_path, how):
     out = tmp_path / "out"
     campaign = start_matrix(out)
@@ -132,9 +141,15 @@ def test_an_interrupted_campaign_keeps_whole_lines_and_resume_runs_each_trial_on
     assert harnesses  # the fork servers and their trials
     campaign.send_signal(how)
     status = campaign.wait(timeout=60)
-    assert status == (130 if how == signal.SIGINT else -signal.SIGKILL), campaign.stderr.read()
-    if how == signal.SIGINT:
-        assert "--resume" in campaign.stderr.read()
+    stderr = campaign.stderr.read()
+    assert status == (-how if how == signal.SIGKILL else 128 + how), stderr
+    if how != signal.SIGKILL:  # stopped as Ctrl-C is: the resume line and a partial report
+        assert stderr.count("\n") == 1 and f"stopped by {how.name}" in stderr, stderr
+        assert f"--resume --out {out}" in stderr
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["incomplete"] is True and summary["resume"].endswith(f"--resume --out {out}")
+        assert summary["trials"] < PAIRS_WITH_PLUGIN
+        assert "**Incomplete**" in (out / "report.md").read_text()
     data = (out / "trials.jsonl").read_bytes()
     for line in data.splitlines()[:-1]:
         json.loads(line)  # every line but maybe a torn last one is whole
@@ -142,6 +157,7 @@ def test_an_interrupted_campaign_keeps_whole_lines_and_resume_runs_each_trial_on
     while alive(harnesses) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert alive(harnesses) == []
+    assert processes_holding(LEGACY_PLUGIN) == []
     resume_and_check(out)
 
 

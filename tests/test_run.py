@@ -34,6 +34,7 @@ from support import (
     QUANTIZED,
     Lib,
     hostile,
+    processes_holding,
     step,
     trials_on,
 )
@@ -63,17 +64,6 @@ SURVIVABLE = ["fork_linger", "flood", "closefds", "rmcwd", "thread_lock"]
 def trials(request):
     with trials_on(request.param, LIMITS) as runner:
         yield runner
-
-
-def processes_holding(path: Path) -> list[int]:
-    holders = []
-    for maps in Path("/proc").glob("[0-9]*/maps"):
-        try:
-            if str(path) in maps.read_text():
-                holders.append(int(maps.parent.name))
-        except OSError:
-            continue
-    return holders
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))

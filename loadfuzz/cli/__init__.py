@@ -5,12 +5,14 @@ into its exit status: bad input is one line on stderr and 2; a failure of loadfu
 
 from __future__ import annotations
 
+import signal
 import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
 from loadfuzz import hostenv
+from loadfuzz.campaign import Stopped
 from loadfuzz.cli.commands import COMMANDS, CouldNotFinish
 from loadfuzz.cli.parser import build_parser
 from loadfuzz.model import UsageError
@@ -39,22 +41,43 @@ def one_line(error: BaseException) -> str:
     return text if isinstance(error, OSError | RuntimeError) else f"{type(error).__name__}: {text}"
 
 
+def stop_on_signals() -> None:
+    """SIGINT, SIGTERM and SIGHUP (Ctrl-C, a cancelled CI job, `timeout`, a closed terminal)
+    stop a command the same way: `Stopped`, once; a second one is not waited for politely."""
+
+    def stop(signum: int, _frame: object) -> None:
+        for again in STOP_SIGNALS:
+            signal.signal(again, signal.SIG_DFL)
+        raise Stopped(signum)
+
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, stop)
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
+    stop_on_signals()
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser().parse_args(words)
+        args.invocation = words
         return COMMANDS[args.command](args)
     except UsageError as exc:
         print(f"loadfuzz: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("loadfuzz: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:
+        signum = stop.signum if isinstance(stop, Stopped) else signal.SIGINT
+        print(f"loadfuzz: stopped by {signal.Signals(signum).name}", file=sys.stderr)
+        return 128 + signum
     except BrokenPipeError:
         return 1
     except Exception as exc:  # loadfuzz could not finish: never to be read as a finding
         cause = exc.__cause__ if isinstance(exc, CouldNotFinish) and exc.__cause__ else exc
         folder = exc.folder if isinstance(exc, CouldNotFinish) else None
+        what = exc.what if isinstance(exc, CouldNotFinish) and exc.what else one_line(cause)
         log = log_failure(cause, folder)
         where = f"; the traceback is in {log}" if log else ""
-        print(f"loadfuzz: could not finish: {one_line(cause)}{where}", file=sys.stderr)
+        print(f"loadfuzz: could not finish: {what}{where}", file=sys.stderr)
         return COULD_NOT_FINISH

@@ -8,16 +8,18 @@ anything is written.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from loadfuzz import inventory, predict
-from loadfuzz.campaign import Prepared, exit_status, prepare, run_matrix
+from loadfuzz.campaign import Prepared, Stopped, exit_status, prepare, run_matrix
 from loadfuzz.cli import printing
 from loadfuzz.cli.printing import Progress
 from loadfuzz.model import Outcome, UsageError, parse_step
+from loadfuzz.results import FULL_OR_READ_ONLY
 from loadfuzz.run.harness import Limits
 from loadfuzz.run.tiers import Tiers
 from loadfuzz.run.trials import Trials
@@ -40,33 +42,48 @@ def campaign_settings(args: argparse.Namespace) -> CampaignSettings:
         out=args.out,
         resume=getattr(args, "resume", False),
         shard=getattr(args, "shard", defaults.shard),
+        invocation=tuple(args.invocation),
     )
 
 
 class CouldNotFinish(Exception):
     """A campaign failed for a reason of loadfuzz's own; its results folder gets error.log."""
 
-    def __init__(self, folder: Path):
-        super().__init__(f"the campaign in {folder} could not finish")
+    def __init__(self, folder: Path, what: str | None = None):
+        super().__init__(what or f"the campaign in {folder} could not finish")
         self.folder = folder
+        self.what = what  # the one line to show instead of the cause's own words
 
 
 @contextmanager
 def failing_into(campaign: Prepared) -> Iterator[None]:
-    """Any failure that is not bad input nor Ctrl-C becomes CouldNotFinish of this campaign."""
+    """Any failure that is not bad input nor a stop becomes CouldNotFinish of this campaign;
+    a results folder that cannot take more says so, and how to go on."""
     try:
         yield
     except (UsageError, KeyboardInterrupt):
         raise
+    except OSError as exc:
+        if exc.errno not in FULL_OR_READ_ONLY:
+            raise CouldNotFinish(campaign.out) from exc
+        then = f"continue with: {campaign.resume_command()}" if campaign.resume_command() else (
+            "run it again")
+        raise CouldNotFinish(campaign.out, f"cannot write the results folder {campaign.out}: "
+                             f"{exc.strerror}; the finished trials are kept in "
+                             f"{campaign.folder.trials_path}; make room, then {then}") from exc
     except Exception as exc:
         raise CouldNotFinish(campaign.out) from exc
 
 
-def interrupted(campaign: Prepared, resumable: bool) -> int:
-    how = f"; continue with --resume --out {campaign.out}" if resumable else ""
-    print(f"interrupted: finished trials are in {campaign.folder.trials_path}{how}",
+def interrupted(campaign: Prepared, stop: KeyboardInterrupt) -> int:
+    """The line a stopped campaign leaves, and its exit status (128 + the signal)."""
+    signum = stop.signum if isinstance(stop, Stopped) else signal.SIGINT
+    resume = campaign.resume_command()
+    how = f"; continue with: {resume}" if resume else ""
+    print(f"stopped by {signal.Signals(signum).name}: the finished trials are in "
+          f"{campaign.folder.trials_path}, a partial report in {campaign.out / 'report.md'}{how}",
           file=sys.stderr)
-    return 130
+    return 128 + signum
 
 
 def cmd_scan(args: argparse.Namespace) -> int:
@@ -105,8 +122,8 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     try:
         with failing_into(campaign):
             summary, records = run_matrix(campaign, Progress("matrix"))
-    except KeyboardInterrupt:
-        return interrupted(campaign, resumable=True)
+    except KeyboardInterrupt as stop:
+        return interrupted(campaign, stop)
     if args.json:
         printing.print_json(summary)
     else:
@@ -122,8 +139,10 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     try:
         with failing_into(campaign):
             summary, _ = fuzz.run_fuzz(campaign, options, Progress("fuzz"))
-    except KeyboardInterrupt:
-        return interrupted(campaign, resumable=False)
+    except KeyboardInterrupt as stop:
+        return interrupted(campaign, stop)
+    for warning in summary["warnings"]:
+        print(f"loadfuzz: warning: {warning}", file=sys.stderr)
     if args.json:
         printing.print_json(summary)
     else:
@@ -148,8 +167,8 @@ def cmd_repro(args: argparse.Namespace) -> int:
     try:
         with failing_into(campaign):
             result = repro.reproduce(campaign, message, Progress("repro"))
-    except KeyboardInterrupt:
-        return interrupted(campaign, resumable=False)
+    except KeyboardInterrupt as stop:
+        return interrupted(campaign, stop)
     if args.json:
         printing.print_json(result)
     else:

@@ -94,6 +94,11 @@ def render_markdown(campaign: CampaignView) -> str:
     summary = campaign.summary
     libraries = campaign.libraries()
     lines = [f"# {_md_text(campaign.title())}", "", f"**{campaign.verdict()}.**", ""]
+    if summary.get("incomplete"):
+        lines += ["**Incomplete**: the campaign was stopped before the end; this report shows "
+                  "the trials that finished."
+                  + (f" Continue with {_md_code(summary['resume'])}." if summary.get("resume") else ""),
+                  ""]
 
     lines += ["## What was tested", ""]
     tested = [

@@ -287,6 +287,12 @@ class Harness:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def kill(self) -> None:
+        """SIGKILL the server and its trial, from any thread: whoever is waiting on it sees it
+        die (HarnessDied) and closes it. A server already closed (reaped) is left alone."""
+        if self.proc.returncode is None:
+            kill_tree(self.proc.pid)
+
     def close(self) -> None:
         """Stop the server: EOF on its control pipe, then SIGKILL for anything left."""
         for fd in (self._ctl, self._status):

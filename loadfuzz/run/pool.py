@@ -4,13 +4,17 @@ A trial takes an idle server with the preload it needs (starting one when
 none is idle) and gives it back when done. A preload whose server cannot
 start (a preload that fails, a harness that dies at once) is remembered as
 broken, and its trials go cold from then on instead of ending the campaign.
+Cold harnesses (one per trial) are the pool's too while they run, so that
+closing the pool (Ctrl-C, SIGTERM) ends every trial in flight at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from loadfuzz.run.harness import Harness, HarnessDied, HarnessStep
@@ -47,6 +51,7 @@ class ServerPool:
         self._all: list[Harness] = []
         self._broken: set[Preload] = set()
         self._started: list[Preload] = []  # the preload of every server started, kept after close
+        self._cold: set[Harness] = set()  # cold harnesses running a trial
         self._lock = threading.Lock()
         self.closed = False
 
@@ -80,7 +85,9 @@ class ServerPool:
         return server
 
     def give_back(self, preload: Preload, server: Harness) -> None:
-        if server.alive and not self.closed:
+        if self.closed or not server.alive:
+            server.close()
+        else:
             self._idle[preload].put(server)
 
     @property
@@ -89,9 +96,35 @@ class ServerPool:
         with self._lock:
             return tuple(dict.fromkeys(step for preload in self._started for step in preload))
 
+    @contextlib.contextmanager
+    def cold(self) -> Iterator[Harness]:
+        """A fresh harness with nothing preloaded, for one trial, closed afterwards."""
+        if self.closed:
+            raise RuntimeError("the pool is closed: no more trials start")
+        harness = Harness()
+        with self._lock:
+            self._cold.add(harness)
+            closed = self.closed
+        try:
+            if closed:
+                raise RuntimeError("the pool is closed: no more trials start")
+            yield harness
+        finally:
+            with self._lock:
+                self._cold.discard(harness)
+            harness.close()
+
     def close(self) -> None:
+        """Kill every server and cold harness (ending their trials); close the idle ones. A busy
+        one is closed by the thread that was using it, when that thread sees it die."""
         with self._lock:
             self.closed = True
             servers, self._all = self._all, []
-        for server in servers:
-            server.close()
+            running = list(self._cold)
+            idle = [q for q in self._idle.values()]
+        for harness in [*servers, *running]:
+            harness.kill()
+        for waiting in idle:
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    waiting.get_nowait().close()

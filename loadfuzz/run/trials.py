@@ -26,7 +26,7 @@ from pathlib import Path
 from loadfuzz import hostenv
 from loadfuzz.classify import Signature, classify, load_catalogue
 from loadfuzz.model import Sequence, StepKind, TrialRecord, Verdict
-from loadfuzz.run.harness import Harness, HarnessDied, HarnessStep, Limits, run_cold
+from loadfuzz.run.harness import Harness, HarnessDied, HarnessStep, Limits
 from loadfuzz.run.pool import ServerPool, Usage
 from loadfuzz.run.tiers import NO_TIERS, Tiers
 
@@ -135,8 +135,11 @@ class Trials:
         if self.closed:
             raise RuntimeError("the runner is closed: no more trials start")
         steps, prelude = harness_steps(seq, self.tiers.needs_python(seq))
-        run = server.run if server is not None else run_cold
-        evidence = run(steps, self.limits, prelude)
+        if server is not None:
+            evidence = server.run(steps, self.limits, prelude)
+        else:
+            with self.pool.cold() as harness:
+                evidence = harness.run(steps, self.limits, prelude)
         verdict = classify(evidence, self.catalogue)
         return make_record(seq, verdict, evidence.duration_s, evidence.peak_rss_mb,
                            self.limits, via)

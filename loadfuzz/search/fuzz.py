@@ -37,7 +37,7 @@ from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from loadfuzz import plan, predict
-from loadfuzz.campaign import Prepared, RunOnce, Watcher, run_work, summarize
+from loadfuzz.campaign import Prepared, RunOnce, Watcher, run_work, summarize, write_partial
 from loadfuzz.inventory import Inventory
 from loadfuzz.model import Flags, Step, StepKind, TrialRecord, UsageError, sequence_key
 from loadfuzz.model import Sequence as Steps
@@ -137,19 +137,27 @@ def database_key(inv: Inventory) -> bytes:
     return f"loadfuzz-fuzz:{inv.name}".encode()
 
 
-def replayable(inv: Inventory, db: DirectoryBasedExampleDatabase) -> list[Steps]:
-    """Known minimal sequences of this target whose libraries are all still in it."""
+def replayable(inv: Inventory, db: DirectoryBasedExampleDatabase) -> tuple[list[Steps], int]:
+    """Known minimal sequences of this target whose libraries are all still in it, and how many
+    entries could not be read at all (garbage in the database: ignored, but said)."""
     ids = {lib.id: lib for lib in inv.libraries}
-    found = []
-    for value in sorted(db.fetch(database_key(inv))):
+    found, unreadable = [], 0
+    try:
+        values = sorted(db.fetch(database_key(inv)))
+    except OSError:
+        return [], 1
+    for value in values:
         try:
             steps = json.loads(value.decode())
             seq = tuple(Step(StepKind(s["kind"]), s["lib"], Flags(s["flags"]), ids[s["lib"]].path)
                         for s in steps)
-        except (ValueError, KeyError, TypeError):
-            continue  # written by another version, or a library that is gone
+        except KeyError:
+            continue  # a library that is gone from the target
+        except (ValueError, TypeError, AttributeError):
+            unreadable += 1  # not written by loadfuzz, or by a version that spelled steps otherwise
+            continue
         found.append(seq)
-    return found
+    return found, unreadable
 
 
 def remember(inv: Inventory, db: DirectoryBasedExampleDatabase, record: TrialRecord) -> None:
@@ -184,23 +192,20 @@ def run_fuzz(campaign: Prepared, options: FuzzOptions, watcher: Watcher,
     started, clock = utc_now(), time.monotonic()
     campaign.folder.open()
     rounds = 0
+    warnings: list[str] = []
     try:
         with campaign.trials() as trials:
             fuzzer = Fuzzer(inv, RunOnce(trials, campaign.folder, watcher), step_choices)
             runs = fuzzer.run.runs
-            in_shard = [seq for seq in replayable(inv, db) if seq[0].lib in first_libs]
-            predicted = [p.sequence for p in predict.predict(inv, libs, settings_.flags)
-                         if p.sequence[0].lib in first_libs]
-            for phase, work in (("replay", in_shard), ("predicted", predicted)):
-                work = [seq for seq in work if sequence_key(seq) not in runs]
-                records = run_work(work, trials, campaign.folder, settings_.run.jobs, watcher)
-                runs.update((record.key(), record) for record in records)
-                for record in records:
-                    if not record.clean:
-                        fuzzer.keep(record, phase)
-            while time.monotonic() < budget_end and first:
-                fuzzer.search_round(rounds, base_seed, first, options.max_len)
-                rounds += 1
+            try:
+                rounds = explore(fuzzer, campaign, options, db, base_seed, first, first_libs,
+                                 budget_end, warnings)
+            except BaseException:
+                trials.close()
+                write_partial(campaign, list(runs.values()), list(fuzzer.found.values()), trials,
+                              started, time.monotonic() - clock, "finding", seed=base_seed,
+                              warnings=warnings)
+                raise
             findings = sorted(fuzzer.found.values(),
                               key=lambda r: simplicity(r.sequence, step_choices))
             for record in findings:
@@ -210,13 +215,41 @@ def run_fuzz(campaign: Prepared, options: FuzzOptions, watcher: Watcher,
                       "after_s": fuzzer.origins[Identity.of(r)][1]} for r in findings]
             summary = summarize(campaign, runs.values(), findings, trials, started,
                                 time.monotonic() - clock, seed=base_seed, rounds=rounds,
-                                max_len=options.max_len, db=str(options.db), found=found)
+                                max_len=options.max_len, db=str(options.db), found=found,
+                                warnings=warnings)
     finally:
         watcher.close()
         campaign.folder.close()
     records = list(runs.values())
     campaign.folder.write_reports(summary, records, per="finding")
     return summary, records
+
+
+def explore(fuzzer: Fuzzer, campaign: Prepared, options: FuzzOptions,
+            db: DirectoryBasedExampleDatabase, base_seed: int, first: Sequence[Step],
+            first_libs: set[str], budget_end: float, warnings: list[str]) -> int:
+    """The three phases: replay, predicted, then Hypothesis rounds until the budget is spent;
+    how many rounds ran. Every failure is kept in `fuzzer`."""
+    inv, libs, settings_ = campaign.inv, campaign.libs, campaign.settings
+    trials, runs, rounds = fuzzer.run.trials, fuzzer.run.runs, 0
+    known, unreadable = replayable(inv, db)
+    if unreadable:
+        warnings.append(f"--db {options.db}: ignored {unreadable} unreadable entr"
+                        f"{'y' if unreadable == 1 else 'ies'}")
+    in_shard = [seq for seq in known if seq[0].lib in first_libs]
+    predicted = [p.sequence for p in predict.predict(inv, libs, settings_.flags)
+                 if p.sequence[0].lib in first_libs]
+    for phase, work in (("replay", in_shard), ("predicted", predicted)):
+        work = [seq for seq in work if sequence_key(seq) not in runs]
+        records = run_work(work, trials, campaign.folder, settings_.run.jobs, fuzzer.run.watcher)
+        runs.update((record.key(), record) for record in records)
+        for record in records:
+            if not record.clean:
+                fuzzer.keep(record, phase)
+    while time.monotonic() < budget_end and first:
+        fuzzer.search_round(rounds, base_seed, first, options.max_len)
+        rounds += 1
+    return rounds
 
 
 def db_folder(path: Path) -> Path:

@@ -1,0 +1,107 @@
+"""A campaign that cannot finish says so, and never looks like a finding: a full disk, an
+internal failure, a corrupt example database and two campaigns on one folder.
+
+Exit status 3 means "loadfuzz could not finish" (one line on stderr, the traceback in
+error.log); 1 is only ever "the campaign completed and found something unexpected".
+"""
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from support import FIXTURES, LEGACY_PLUGIN, LOADFUZZ, PAIRS_WITH_PLUGIN, loadfuzz
+
+CORPUS = FIXTURES / "corpus"
+
+
+def whole_lines(path):
+    """Every line of a trials.jsonl, each of which must parse."""
+    data = path.read_bytes()
+    assert data == b"" or data.endswith(b"\n"), "the file ends in a torn line"
+    return [json.loads(line) for line in data.splitlines()]
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 100 KiB tmpfs: the results folder of a whole matrix does not fit on it."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a 100 KiB tmpfs needs root; these tests run as root in CI")
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=100k", "tmpfs", str(mount)], check=True)
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def test_a_full_disk_is_exit_3_with_one_line_whole_records_and_a_resume_that_finishes(
+        tiny_disk, tmp_path):
+    out = tiny_disk / "out"
+    done = loadfuzz("matrix", "executorch", "--add", LEGACY_PLUGIN, "--out", out)
+    assert done.returncode == 3, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "No space left on device" in done.stderr and "--resume --out" in done.stderr
+    kept = whole_lines(out / "trials.jsonl")
+    assert 0 < len(kept) < PAIRS_WITH_PLUGIN
+    bigger = tmp_path / "bigger"
+    shutil.copytree(out, bigger)
+    resumed = loadfuzz("matrix", "executorch", "--add", LEGACY_PLUGIN, "--resume", "--out", bigger,
+                       "--json")
+    assert resumed.returncode == 1, resumed.stderr  # the plugin's collisions: unexpected
+    lines = whole_lines(bigger / "trials.jsonl")
+    keys = [json.dumps(line["sequence"]) for line in lines]
+    assert len(keys) == len(set(keys)) == PAIRS_WITH_PLUGIN
+    assert lines[:len(kept)] == kept
+
+
+@pytest.mark.parametrize("how", ["no compiler", "no cache folder"])
+def test_a_harness_that_cannot_be_built_is_exit_3_and_the_traceback_goes_to_error_log(
+        tmp_path, how):
+    blocker = tmp_path / "a file, not a folder"
+    blocker.write_text("")
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "fresh cache")}
+    if how == "no compiler":
+        env["CC"] = str(tmp_path / "no-such-cc")
+    else:
+        env["XDG_CACHE_HOME"] = str(blocker)
+    out = tmp_path / "out"
+    done = subprocess.run([str(LOADFUZZ), "matrix", CORPUS, "--flags", "global", "--out", out],
+                          capture_output=True, text=True, env=env)
+    assert done.returncode == 3, done.stderr
+    assert done.stderr.startswith("loadfuzz: could not finish: cannot ")
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert "harness" in done.stderr and str(out / "error.log") in done.stderr
+    assert "Traceback" in (out / "error.log").read_text()
+
+
+def test_garbage_in_the_example_database_is_one_warning_and_the_campaign_goes_on(tmp_path):
+    db = tmp_path / "db"
+    first = loadfuzz("fuzz", CORPUS, "--budget", "2s", "--seed", "1", "--db", db,
+                     "--out", tmp_path / "first")
+    assert first.returncode == 1, first.stderr
+    for folder in [p for p in db.iterdir() if p.is_dir()]:
+        (folder / "0123456789abcdef").write_bytes(os.urandom(64))
+    (db / "garbage").write_bytes(os.urandom(64))
+    again = loadfuzz("fuzz", CORPUS, "--budget", "2s", "--seed", "1", "--db", db,
+                     "--out", tmp_path / "again", "--json")
+    assert again.returncode == 1, again.stderr
+    warnings = [line for line in again.stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "unreadable" in warnings[0], again.stderr
+    summary = json.loads(again.stdout)
+    assert {f["phase"] for f in summary["found"]} == {"replay"}  # what was kept is replayed
+
+
+def test_two_campaigns_started_at_once_on_one_folder_refuse_the_second(tmp_path):
+    out = tmp_path / "out"
+    args = [str(LOADFUZZ), "matrix", str(CORPUS), "--flags", "global", "--out", str(out)]
+    both = [subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    results = sorted((proc.wait(timeout=300), proc.stderr.read()) for proc in both)
+    (finished, _), (refused, why) = results
+    assert finished == 1 and refused == 2, results  # the corpus has unexpected collisions
+    assert why.count("\n") == 1 and ("in use by another campaign" in why
+                                     or "already holds results" in why), why
+    keys = [json.dumps(line["sequence"]) for line in whole_lines(out / "trials.jsonl")]
+    assert len(keys) == len(set(keys))
