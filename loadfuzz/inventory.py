@@ -12,7 +12,9 @@ loading anything:
 - its role (`ROLES`, a table of rules), and whether it needs libpython.
 
 Everything read is kept in the `LinkMap` inside the `Inventory`, so that
-`predict` can replay any load order against the same facts. Registrations of
+`predict` can replay any load order against the same facts; across commands,
+the reader keeps it in the cache folder (`elf.cache`), so a file is parsed
+once for as long as it does not change. Registrations of
 libraries outside the target (torch's, the system's) are not read: the
 target is what is under test.
 """
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loadfuzz import hostenv, targets
+from loadfuzz.elf.cache import ElfCache
 from loadfuzz.elf.loader import LinkMap, SearchPath, link_all
 from loadfuzz.elf.read import BadElf, ElfFacts, ElfReader
 from loadfuzz.model import Role, UsageError
@@ -145,27 +148,31 @@ class Inventory:
         return {self.link_map.files[lib.path].identity: lib for lib in self.libraries}
 
 
-def load_target(target: str, add: Sequence[Path] = ()) -> Inventory:
+def load_target(target: str, add: Sequence[Path] = (), reader: ElfReader | None = None,
+                ) -> Inventory:
     """Inventory a target (a .whl, a directory, an installed distribution, or one .so) plus `add`.
 
     Raises UsageError on bad input. Files that cannot be read inside a
     folder are skipped with a warning; a single library given on its own
-    (the target or an `--add`) must be readable.
+    (the target or an `--add`) must be readable. `reader` reads the files
+    (default: one that keeps what it reads in the cache folder, `elf.cache`).
     """
     found = targets.locate(target)
     return build(target, found.name, found.version, found.root, found.files, add,
-                 strict=found.single)
+                 strict=found.single, reader=reader)
 
 
-def load_libraries(paths: Sequence[Path]) -> Inventory:
+def load_libraries(paths: Sequence[Path], reader: ElfReader | None = None) -> Inventory:
     """An inventory of loose libraries, each with its path (as given) for id."""
     files = {str(path): Path(os.path.abspath(path)) for path in paths}
-    return build(" ".join(files), "libraries", None, Path.cwd(), files, (), strict=True)
+    return build(" ".join(files), "libraries", None, Path.cwd(), files, (), strict=True,
+                 reader=reader)
 
 
 def build(target: str, name: str, version: str | None, root: Path, files: Mapping[str, Path],
-          add: Sequence[Path], strict: bool) -> Inventory:
-    reader, warnings = ElfReader(), []
+          add: Sequence[Path], strict: bool, reader: ElfReader | None = None) -> Inventory:
+    reader = reader or ElfReader(ElfCache.default())
+    warnings: list[str] = []
     chosen: dict[str, ElfFacts] = {}
     for lib_id, path in files.items():
         try:
@@ -189,17 +196,17 @@ def build(target: str, name: str, version: str | None, root: Path, files: Mappin
         raise UsageError(f"no ELF shared library in {target}{why}")
     link_map = link_all(chosen.values(), reader, SearchPath.for_trials())
     owners = {facts.identity: lib_id for lib_id, facts in chosen.items()}
-    libraries = tuple(describe(lib_id, facts, link_map, owners)
+    libraries = tuple(describe(lib_id, facts, link_map, owners, reader)
                       for lib_id, facts in sorted(chosen.items()))
     return Inventory(target, name, version, root, libraries, tuple(warnings), link_map)
 
 
 def describe(lib_id: str, facts: ElfFacts, link_map: LinkMap,
-             owners: Mapping[tuple[int, int], str]) -> Library:
+             owners: Mapping[tuple[int, int], str], reader: ElfReader) -> Library:
     order, missing = link_map.search_list(facts)
     deps = order[1:]
     entries = entry_points(facts)
-    found = registrations(facts, entries)
+    found = registrations(facts, entries, reader.names)
     wanted_python = {n for obj in order for n in obj.undefined if n.startswith(("Py", "_Py"))}
     provided = {n for n in wanted_python if any(n in obj.defines for obj in order)}
     ops = sorted({op for _, names in found for op in names})

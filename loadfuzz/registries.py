@@ -10,8 +10,9 @@ is imported: a row naming a signature `signatures.toml` lacks is an error.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from loadfuzz.classify import load_catalogue
 from loadfuzz.elf.opnames import NAME_READERS, read_names
@@ -96,8 +97,8 @@ def qualified_name(symbol: str) -> str | None:
 
 def entry_symbols(kind: RegistryKind, names: Iterable[str]) -> frozenset[str]:
     """The symbols among `names` that are an entry point of this kind of registry."""
-    return frozenset(name for name in names if kind.hint in name
-                     and kind.entry.fullmatch(qualified_name(name) or ""))
+    hinted = [name for name in names if kind.hint in name]  # libtorch_cpu.so has 75 000 names
+    return frozenset(name for name in hinted if kind.entry.fullmatch(qualified_name(name) or ""))
 
 
 @dataclass(frozen=True)
@@ -125,9 +126,14 @@ def entry_points(facts: ElfFacts) -> tuple[EntryPoints, ...]:
 
 
 def registrations(facts: ElfFacts, entries: Iterable[EntryPoints],
+                  names: Callable[[Path, str], tuple[str, ...]] = read_names,
                   ) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """(registry kind, operator names in registration order) for each registry it uses."""
-    return tuple((e.kind, read_names(facts.path, REGISTRY_BY_NAME[e.kind].names)) for e in entries)
+    """(registry kind, operator names in registration order) for each registry it uses.
+
+    `names(path, reader)` reads them (`opnames.read_names`, or an `ElfReader`'s
+    `names`, which keeps them).
+    """
+    return tuple((e.kind, names(facts.path, REGISTRY_BY_NAME[e.kind].names)) for e in entries)
 
 
 def check_against_catalogue() -> None:

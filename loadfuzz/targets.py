@@ -9,6 +9,7 @@ ELF contents; `inventory` does.
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import importlib.metadata
 import os
@@ -83,17 +84,34 @@ def installed_distribution(name: str) -> tuple[Path, str, str | None, list[Path]
         dist = importlib.metadata.distribution(name)
     except importlib.metadata.PackageNotFoundError:
         raise UsageError(f"no such file, directory or installed distribution: {name}") from None
-    records = [PurePosixPath(str(entry)) for entry in dist.files or ()]
-    records = [r for r in records if r.parts and ".." not in r.parts]
+    records = [parts for parts in recorded_parts(dist) if parts and ".." not in parts]
     base = Path(dist.locate_file(""))
-    top_level = {r.parts[0] for r in records if not r.parts[0].endswith((".dist-info", ".data"))}
+    top_level = {parts[0] for parts in records if not parts[0].endswith((".dist-info", ".data"))}
     root = package_root(base, top_level)
-    candidates = [Path(dist.locate_file(str(r))) for r in records if SO_FILE.fullmatch(r.name)]
+    candidates = [Path(dist.locate_file(str(PurePosixPath(*parts)))) for parts in records
+                  if SO_FILE.fullmatch(parts[-1])]
     candidates = sorted(p for p in candidates if p.is_file() and not p.is_symlink()
                         and p.is_relative_to(root))
     if not candidates:
         raise UsageError(f"no ELF shared library in the installed distribution {name}")
     return root, dist.metadata["Name"] or name, dist.version, candidates
+
+
+def recorded_parts(dist: importlib.metadata.Distribution) -> list[tuple[str, ...]]:
+    """The parts of each path the distribution lists, as `PurePosixPath(entry).parts` of `dist.files`.
+
+    Read from RECORD as text: `dist.files` makes a path object per entry, and
+    torch lists 15,000 of them (half a second); the rare absolute entry, or a
+    distribution without RECORD, goes the slow way.
+    """
+    text = dist.read_text("RECORD")
+    names = ([row[0] for row in csv.reader(text.splitlines()) if row] if text
+             else [str(entry) for entry in dist.files or ()])
+    split = [(name, name.split("/")) for name in names]
+    return [PurePosixPath(name).parts if name.startswith("/")
+            else tuple(parts) if "" not in parts and "." not in parts
+            else tuple(part for part in parts if part not in ("", "."))
+            for name, parts in split]
 
 
 def unpack_wheel(wheel: Path) -> tuple[Path, str, str | None]:

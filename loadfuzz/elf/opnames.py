@@ -14,9 +14,11 @@ These are heuristics on string literals; `registries.py` decides whose.
 
 from __future__ import annotations
 
+import bisect
 import re
 import struct
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from elftools.elf.elffile import ELFFile
@@ -139,20 +141,42 @@ def schema_names(elf: ELFFile) -> tuple[str, ...]:
     schema_words = {m[2] for _, m in schemas}
     words = [(start + w.start(), w[1]) for start, data in regions for w in WORD.finditer(data)
              if w[1] not in schema_words]
-    prefixed = {w for _, w in words if any(w in spelled for spelled in twins.values())}
-    words = [(a, w) for a, w in words if w in prefixed] or words
-
-    def namespace(address: int) -> bytes:
-        if address in known:
-            return known[address]
-        pool = list(known.items()) or words
-        return min(pool, key=lambda item: abs(item[0] - address))[1] if pool else b""
-
+    spelled_anywhere = set().union(*twins.values())
+    words = [(a, w) for a, w in words if w in spelled_anywhere] or words
+    nearest = Nearest.of(list(known.items()) or words)
     names = []
     for address, m in schemas:
-        ns = namespace(address)
+        ns = known[address] if address in known else nearest.at(address)
         names.append((ns + b"::" if ns else b"") + m[2] + (b"." + m[3] if m[3] else b""))
     return tuple(dict.fromkeys(name.decode() for name in names))
+
+
+@dataclass(frozen=True)
+class Nearest:
+    """The value nearest an address among (address, value) items; the earlier item on a tie.
+
+    What `min(items, key=distance)` answers, by bisection: `schema_names` asks it
+    once per schema, and libtorch_cpu.so has thousands of both.
+    """
+
+    addresses: tuple[int, ...]  # sorted, each once
+    ranked: tuple[tuple[int, bytes], ...]  # (position in the items, value), per address
+
+    @classmethod
+    def of(cls, items: Sequence[tuple[int, bytes]]) -> Nearest:
+        first: dict[int, tuple[int, bytes]] = {}
+        for position, (address, value) in enumerate(items):
+            first.setdefault(address, (position, value))
+        addresses = tuple(sorted(first))
+        return cls(addresses, tuple(first[a] for a in addresses))
+
+    def at(self, address: int) -> bytes:
+        at = bisect.bisect_left(self.addresses, address)
+        around = [i for i in (at - 1, at) if 0 <= i < len(self.addresses)]
+        if not around:
+            return b""
+        best = min(around, key=lambda i: (abs(self.addresses[i] - address), self.ranked[i][0]))
+        return self.ranked[best][1]
 
 
 NAME_READERS: Mapping[str, Callable[[ELFFile], tuple[str, ...]]] = {

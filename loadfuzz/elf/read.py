@@ -2,7 +2,9 @@
 
 In the manner of auditwheel's `lddtree.py`: small, pure, pyelftools only (no
 `readelf`, no `nm`). `ElfReader` reads each file once and keeps what it
-read for as long as the reader lives; there is no module-level cache.
+read for as long as the reader lives; given an `ElfCache` (`elf.cache`), a
+file is read once for as long as it does not change. There is no
+module-level cache.
 """
 
 from __future__ import annotations
@@ -12,10 +14,16 @@ import struct
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from elftools.common.exceptions import ELFError, ELFParseError
 from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
+
+from loadfuzz.elf.opnames import read_names
+
+if TYPE_CHECKING:
+    from loadfuzz.elf.cache import ElfCache
 
 
 class BadElf(Exception):
@@ -73,24 +81,38 @@ def host_machine() -> Machine:
 
 
 class ElfReader:
-    """Reads ELF files once each; one reader per inventory (its caches die with it)."""
+    """Reads ELF files once each; one reader per inventory (what it keeps dies with it).
 
-    def __init__(self) -> None:
+    With a `cache`, what was read from a file in an earlier command comes back
+    from it for as long as the file does not change.
+    """
+
+    def __init__(self, cache: ElfCache | None = None) -> None:
         self.host = host_machine()
+        self.cache = cache
         self._facts: dict[Path, ElfFacts | BadElf] = {}
+        self._names: dict[tuple[Path, str], tuple[str, ...]] = {}
 
     def facts(self, path: Path) -> ElfFacts:
         """The facts of `path`; raises BadElf with the reason when it is unusable."""
         path = Path(os.path.abspath(path))
         if path not in self._facts:
             try:
-                self._facts[path] = read_facts(path, self.host)
+                self._facts[path] = (self.cache.facts(path, self.host) if self.cache
+                                     else read_facts(path, self.host))
             except BadElf as exc:
                 self._facts[path] = exc
         found = self._facts[path]
         if isinstance(found, BadElf):
             raise found
         return found
+
+    def names(self, path: Path, reader: str) -> tuple[str, ...]:
+        """The operator names `reader` (a key of `opnames.NAME_READERS`) finds in the file."""
+        key = (Path(os.path.abspath(path)), reader)
+        if key not in self._names:
+            self._names[key] = self.cache.names(*key) if self.cache else read_names(*key)
+        return self._names[key]
 
     def matches(self, path: Path) -> bool:
         """Whether the loader would take this file (an ELF of the host's class and machine)."""

@@ -1,0 +1,210 @@
+"""A persistent cache of what is read from ELF files: a file's facts, the operator names in it.
+
+`ElfCache` keeps one small file per (what, path) under a folder
+(`hostenv.cache_folder() / "elf"` by default). Each entry starts with its
+key: the format and the version of the reading code (a digest of `read`,
+`opnames`, this module and pyelftools' version), what it holds (facts for
+this interpreter's machine, or the names one reader finds), the path and the
+file's identity as `stat` gives it (st_dev, st_ino, st_size, st_mtime_ns,
+st_ctime_ns). An entry whose key is not the wanted one is read again and
+replaced, so a file that changes, or a change to the readers, never brings
+back stale facts, and entries do not pile up for a path.
+
+Entries are written to a temporary file, then renamed over the old one
+(`os.replace`): concurrent campaigns only ever see whole entries. An entry
+that is torn, corrupt or unreadable is ignored (the file is read instead);
+an unwritable folder means nothing is kept. A file changed less than
+`settle_ns` ago is read but not kept, as git does for "racily clean" files:
+a second change within the file system's timestamp granularity would
+otherwise go unseen. Entries are pickles of plain values (no class can be
+named in them, so loading one runs no code) with a CRC of the payload.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+import pickle
+import struct
+import tempfile
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import elftools
+
+from loadfuzz import hostenv
+from loadfuzz.elf import opnames, read
+from loadfuzz.elf.read import ElfFacts, Machine
+
+FORMAT = 1
+MAGIC = b"loadfuzz-elf-cache\n"
+LENGTH = struct.Struct("<Q")  # the length of the pickled key, after MAGIC
+SETTLE_NS = 2_000_000_000
+
+
+class PlainData(pickle.Unpickler):
+    """Unpickles builtin values only (tuples, strings, numbers, frozensets): it names no class."""
+
+    def find_class(self, module: str, name: str):
+        raise pickle.UnpicklingError(f"{module}.{name}: a cache entry holds plain values only")
+
+
+def reader_version() -> str:
+    """A digest of the code whose results are cached: a change to it invalidates every entry."""
+    digest = hashlib.sha256(f"{FORMAT} pyelftools {elftools.__version__}".encode())
+    for module in (read, opnames):
+        digest.update(Path(module.__file__ or "").read_bytes())
+    digest.update(Path(__file__).read_bytes())
+    return digest.hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class ElfCache:
+    """What was read from ELF files, kept in `folder` (one file per entry) across commands."""
+
+    folder: Path
+    version: str
+    settle_ns: int = SETTLE_NS  # a file changed this recently is not kept (see the module doc)
+
+    @classmethod
+    def at(cls, folder: Path, settle_ns: int = SETTLE_NS) -> ElfCache | None:
+        """A cache in `folder`; None when the reading code cannot be read to know its version."""
+        try:
+            return cls(Path(folder), reader_version(), settle_ns)
+        except OSError:
+            return None
+
+    @classmethod
+    def default(cls) -> ElfCache | None:
+        return cls.at(hostenv.cache_folder() / "elf")
+
+    def facts(self, path: Path, host: Machine) -> ElfFacts:
+        """`read.read_facts(path, host)`, from the cache when this file was read before."""
+        what = f"facts {host.elf_class} {host.little_endian} {host.machine}"
+        before = identity(path)
+        if before is None:
+            return read.read_facts(path, host)
+        key = self.key(what, path, before)
+        stored = self.load(key)
+        if stored is not None:
+            try:
+                return facts_from(stored, path, before)
+            except (TypeError, ValueError):
+                pass
+        found = read.read_facts(path, host)
+        self.keep(key, path, before, facts_to(found))
+        return found
+
+    def names(self, path: Path, reader: str) -> tuple[str, ...]:
+        """`opnames.read_names(path, reader)`, from the cache when this file was read before."""
+        before = identity(path)
+        if before is None:
+            return opnames.read_names(path, reader)
+        key = self.key(f"names {reader}", path, before)
+        stored = self.load(key)
+        if isinstance(stored, tuple) and all(isinstance(name, str) for name in stored):
+            return stored
+        found = opnames.read_names(path, reader)
+        self.keep(key, path, before, found)
+        return found
+
+    # --- entries --------------------------------------------------------------------
+
+    def key(self, what: str, path: Path, stat: tuple[int, ...]) -> tuple:
+        return (FORMAT, self.version, what, str(path), *stat)
+
+    def entry(self, key: tuple) -> Path:
+        """The file of an entry: one per (what, path), whatever the file's identity or version."""
+        name = hashlib.sha256(f"{key[2]}\0{key[3]}".encode("utf-8", "surrogateescape"))
+        return self.folder / f"{name.hexdigest()[:40]}.pickle"
+
+    def load(self, key: tuple) -> object | None:
+        """The payload kept under exactly this key, or None (none, another key, torn, corrupt)."""
+        try:
+            with open(self.entry(key), "rb") as stream:
+                blob = stream.read()
+        except OSError:
+            return None
+        try:
+            if not blob.startswith(MAGIC):
+                return None
+            start = len(MAGIC) + LENGTH.size
+            (head_length,) = LENGTH.unpack_from(blob, len(MAGIC))
+            head = PlainData(io.BytesIO(blob[start:start + head_length])).load()
+            if not isinstance(head, tuple) or head[:-2] != key:
+                return None
+            crc, length = head[-2:]
+            payload = memoryview(blob)[start + head_length:]
+            if len(payload) != length or zlib.crc32(payload) != crc:
+                return None
+            return PlainData(io.BytesIO(payload)).load()
+        except (pickle.UnpicklingError, struct.error, EOFError, TypeError, ValueError,
+                AttributeError, IndexError, KeyError, MemoryError, RecursionError):
+            return None
+
+    def keep(self, key: tuple, path: Path, before: tuple[int, ...], payload: object) -> None:
+        """Write an entry, unless the file changed while it was read or too recently to tell."""
+        after = identity(path)
+        if after != before or time.time_ns() - max(after[-2:]) < self.settle_ns:
+            return
+        data = pickle.dumps(payload, protocol=5)
+        head = pickle.dumps((*key, zlib.crc32(data), len(data)), protocol=5)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            handle, temporary = tempfile.mkstemp(prefix=".writing-", dir=self.folder)
+        except OSError:
+            return
+        try:
+            with os.fdopen(handle, "wb") as stream:
+                stream.write(MAGIC + LENGTH.pack(len(head)) + head)
+                stream.write(data)
+            os.replace(temporary, self.entry(key))
+        except OSError:
+            forget(temporary)
+        except BaseException:
+            forget(temporary)
+            raise
+
+
+def identity(path: Path) -> tuple[int, int, int, int, int] | None:
+    """(st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns) of the file a path reaches; None if none."""
+    try:
+        stat = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+
+
+def forget(temporary: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(temporary)
+
+
+def facts_to(facts: ElfFacts) -> tuple:
+    """ElfFacts as plain values (the path and identity are the entry's key)."""
+    machine = facts.machine
+    return ((machine.elf_class, machine.little_endian, machine.machine), facts.soname,
+            facts.needed, facts.rpath, facts.runpath, facts.symbolic, facts.defines,
+            facts.protected, facts.undefined, facts.exports_api)
+
+
+def facts_from(stored: object, path: Path, stat: tuple[int, ...]) -> ElfFacts:
+    """The ElfFacts `facts_to` gave; TypeError or ValueError for anything else."""
+    if not isinstance(stored, tuple):
+        raise TypeError("not an entry of facts")
+    (machine, soname, needed, rpath, runpath, symbolic, defines, protected, undefined,
+     exports_api) = stored
+    for names in (needed, rpath, runpath):
+        if not isinstance(names, tuple):
+            raise TypeError("not an entry of facts")
+    for names in (defines, protected, undefined):
+        if not isinstance(names, frozenset):
+            raise TypeError("not an entry of facts")
+    return ElfFacts(path=path, identity=(stat[0], stat[1]), machine=Machine(*machine),
+                    soname=soname, needed=needed, rpath=rpath, runpath=runpath,
+                    symbolic=symbolic, defines=defines, protected=protected,
+                    undefined=undefined, exports_api=exports_api)
