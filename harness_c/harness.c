@@ -11,9 +11,11 @@
  *         at_exit 1: end with exit(), running atexit handlers and destructors;
  *         at_exit 0: end with _exit() once the last step is done (much faster
  *         when libtorch is loaded: its destructors take ~100 ms)
- *       then per step:  <g|l|p> <path_len>\n<path bytes>
+ *       then per step:  <g|l|y> <len>\n<bytes>
  *         g = dlopen RTLD_NOW|RTLD_GLOBAL, l = RTLD_NOW|RTLD_LOCAL,
- *         p = import the Python extension module at path (embedded interpreter)
+ *         y = run the bytes as Python source in an interpreter this process embeds
+ *             (initialised on first use as the program LOADFUZZ_PYTHON names, so that
+ *             sys.path and site are that interpreter's); an exception fails the step
  *   server -> parent (--status FD):
  *       READY <version> <pid>\n                      once, after preloading; version is
  *                                                    PROTOCOL_VERSION, checked by the parent
@@ -68,7 +70,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define PROTOCOL_VERSION 2 /* docs/protocol.md; bump on any change to a message */
+#define PROTOCOL_VERSION 3 /* docs/protocol.md; bump on any change to a message */
 #define MAX_STEPS 256
 #define HEAD_CAP (16 * 1024)
 #define TAIL_CAP (48 * 1024)
@@ -161,7 +163,7 @@ static enum message read_message(int fd, struct trial *t) {
         size_t plen;
         char mode;
         if (read_line(fd, line, sizeof line) < 0 || sscanf(line, "%c %zu", &mode, &plen) != 2
-            || !strchr("glp", mode)) return MSG_BAD;
+            || !strchr("gly", mode)) return MSG_BAD;
         t->steps[i].mode = mode;
         if (!(t->steps[i].path = read_blob(fd, plen))) return MSG_BAD;
         t->nsteps = i + 1;
@@ -184,28 +186,44 @@ static void set_error(struct trace *tr, const char *msg) {
     snprintf(tr->err, sizeof tr->err, "%s", msg ? msg : "unknown error");
 }
 
-/* Import the extension module at `path` in an interpreter this process embeds.
- * libpython must already be loaded RTLD_GLOBAL (the parent preloads it). */
-static int import_module(const char *path, struct trace *tr) {
+/* Run Python source in an interpreter this process embeds, started on first use as
+ * the program LOADFUZZ_PYTHON names (its sys.path, its site-packages and .pth files, as
+ * `python -c` would have them). libpython must already be loaded RTLD_GLOBAL. */
+static int run_python(const char *source, struct trace *tr) {
     int (*is_init)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "Py_IsInitialized");
     void (*init)(int) = (void (*)(int))dlsym(RTLD_DEFAULT, "Py_InitializeEx");
     int (*run)(const char *) = (int (*)(const char *))dlsym(RTLD_DEFAULT, "PyRun_SimpleString");
+    void *(*decode)(const char *, size_t *) =
+        (void *(*)(const char *, size_t *))dlsym(RTLD_DEFAULT, "Py_DecodeLocale");
+    void (*set_name)(const void *) = (void (*)(const void *))dlsym(RTLD_DEFAULT, "Py_SetProgramName");
     if (!is_init || !init || !run) { set_error(tr, "libpython is not loaded"); return -1; }
-    if (!is_init()) init(0);
-    /* The path goes in as hex, so no byte of it can break the Python source. */
-    size_t len = strlen(path);
+    if (!is_init()) {
+        const char *program = getenv("LOADFUZZ_PYTHON");
+        if (program && decode && set_name) {
+            void *wide = decode(program, NULL); /* kept: Python holds on to it */
+            if (wide) set_name(wide);
+        }
+        init(0);
+        run("import sys; sys.path.insert(0, '')"); /* the script's folder, as `python -c` has */
+    }
+    /* The source goes in as hex, so no byte of it can break the wrapper around it. */
+    size_t len = strlen(source);
     char *code = malloc(2 * len + 1024);
     if (!code) { set_error(tr, "out of memory"); return -1; }
-    int at = sprintf(code, "import importlib.util as u, os, sys, traceback\n"
-                           "p = bytes.fromhex('");
-    for (size_t i = 0; i < len; i++) at += sprintf(code + at, "%02x", (unsigned char)path[i]);
-    sprintf(code + at, "').decode('utf-8', 'surrogateescape')\n"
-        "try:\n"
-        "    s = u.spec_from_file_location(os.path.basename(p).split('.')[0], p)\n"
-        "    m = u.module_from_spec(s); sys.modules[s.name] = m; s.loader.exec_module(m)\n"
-        "except BaseException as e:\n"
-        "    traceback.print_exc()\n"
-        "    os.environ['LOADFUZZ_PY_ERROR'] = f'{type(e).__name__}: {e}'\n");
+    int at = sprintf(code, "import os as _o, traceback as _t\n"
+                           "try:\n"
+                           "    exec(compile(bytes.fromhex('");
+    for (size_t i = 0; i < len; i++) at += sprintf(code + at, "%02x", (unsigned char)source[i]);
+    sprintf(code + at, "').decode('utf-8', 'surrogateescape'), '<loadfuzz step>', 'exec'),"
+        " {'__name__': '__loadfuzz__'})\n"
+        "except BaseException as _e:\n"
+        "    _t.print_exc()\n"
+        "    _o.environ['LOADFUZZ_PY_ERROR'] = f'{type(_e).__name__}: {_e}'\n"
+        "finally:\n" /* what Python printed is out before the step ends, as at a real exit */
+        "    import sys as _s\n"
+        "    for _f in (_s.stdout, _s.stderr):\n"
+        "        try: _f.flush()\n"
+        "        except BaseException: pass\n");
     run(code);
     free(code);
     const char *err = getenv("LOADFUZZ_PY_ERROR");
@@ -242,8 +260,8 @@ static int take_steps(const struct trial *t, struct trace *tr) {
         const struct step *s = &t->steps[i];
         tr->stamp_ns = now_ns();
         tr->started = i + 1;
-        if (s->mode == 'p') {
-            if (import_module(s->path, tr) < 0) return -1;
+        if (s->mode == 'y') {
+            if (run_python(s->path, tr) < 0) return -1;
         } else if (!dlopen(s->path, RTLD_NOW | (s->mode == 'g' ? RTLD_GLOBAL : RTLD_LOCAL))) {
             set_error(tr, dlerror());
             return -1;

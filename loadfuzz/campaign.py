@@ -16,9 +16,12 @@ import signal
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from loadfuzz import plan, predict
+from loadfuzz.baseline import Baseline, new_and_unexpected
+from loadfuzz.classify import environment_signatures
 from loadfuzz.expect import Expectation, classify_findings
 from loadfuzz.inventory import Inventory, Library
 from loadfuzz.model import Key, TrialRecord, UsageError, sequence_key
@@ -72,6 +75,7 @@ class Prepared:
     libs: tuple[Library, ...]
     expectations: tuple[Expectation, ...]
     folder: ResultsFolder
+    baseline: Baseline | None = None  # --baseline: the earlier campaign to compare with
 
     @property
     def out(self):
@@ -94,15 +98,18 @@ class Prepared:
         return shlex.join(["loadfuzz", *words, "--resume", "--out", str(self.out)])
 
 
-def prepare(settings: CampaignSettings, command: str, suffix: str = "") -> Prepared:
-    """Read the target and the expectations and check the results folder; UsageError if bad."""
+def prepare(settings: CampaignSettings, command: str, suffix: str = "",
+            baseline: Path | None = None) -> Prepared:
+    """Read the target, the expectations and the baseline (`--baseline`) and check the
+    results folder; UsageError if bad."""
     if settings.resume and settings.out is None:
         raise UsageError("--resume needs --out DIR, the folder of the campaign to continue")
     inv, libs = settings.target.load()
     expectations = settings.expectations()
     out = settings.out or default_out(inv.name, inv.version, suffix)
     folder = ResultsFolder(out, settings.resume, inv.locate)
-    return Prepared(settings, command, inv, libs, expectations, folder)
+    earlier = Baseline.read(baseline) if baseline is not None else None
+    return Prepared(settings, command, inv, libs, expectations, folder, earlier)
 
 
 def run_work(work: Sequence[Steps], trials: Trials, folder: ResultsFolder, jobs: int,
@@ -143,8 +150,14 @@ def summarize(campaign: Prepared, records: Iterable[TrialRecord], findings: Sequ
               trials: Trials, started: str, elapsed_s: float, **extra: Any) -> dict[str, Any]:
     """The `--json` object of a campaign, plus what the reports show besides."""
     records = list(records)
-    expected, unexpected, stale = classify_findings(findings, campaign.expectations)
+    environmental = environment_signatures()
+    environment = [r for r in findings if r.signature in environmental]
+    counted = [r for r in findings if r.signature not in environmental]
+    expected, unexpected, stale = classify_findings(counted, campaign.expectations)
     shard = campaign.settings.shard
+    if campaign.baseline is not None:
+        extra["baseline"] = campaign.baseline.compare([r.to_json() for r in findings],
+                                                      [r.to_json() for r in records])
     return {
         "target": campaign.inv.target,
         "libraries": [lib.id for lib in campaign.libs],
@@ -158,9 +171,11 @@ def summarize(campaign: Prepared, records: Iterable[TrialRecord], findings: Sequ
         "out": str(campaign.out),
         "shard": None if shard.whole else str(shard),
         "expected": [{"record": r.to_json(), "why": e.why} for r, e in expected],
+        "expectations": [e.to_json() for e in campaign.expectations],
         "preload": [str(step.path) for step in trials.preload],
         "throughput": round(len(records) / elapsed_s, 1) if elapsed_s > 0 else None,
         "disagreements": [d.to_json() for d in trials.disagreements],
+        "environment": [r.to_json() for r in environment],
         "servers": trials.usage.to_json(),
         "started": started,
         "finished": utc_now(),
@@ -168,8 +183,11 @@ def summarize(campaign: Prepared, records: Iterable[TrialRecord], findings: Sequ
     }
 
 
-def exit_status(summary: dict[str, Any]) -> int:
-    """0: nothing unexpected; 1: a finding no expectation covers."""
+def exit_status(summary: dict[str, Any], fail_on: str = "unexpected") -> int:
+    """0: nothing unexpected; 1: a finding no expectation covers (`fail_on` "new": one that
+    is also new since the baseline)."""
+    if fail_on == "new":
+        return 1 if new_and_unexpected(summary) else 0
     return 1 if summary["unexpected"] else 0
 
 

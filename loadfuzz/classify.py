@@ -25,6 +25,7 @@ class Signature:
     when: frozenset[Outcome]  # the outcomes (from how the process ended) it may rename
     outcome: Outcome
     pattern: re.Pattern[str]
+    environment: bool = False  # a problem of the environment under test, not of the libraries
 
     def search(self, text: str) -> tuple[str, str] | None:
         """(the operator, the whole line it was found on), or None."""
@@ -47,9 +48,15 @@ def load_catalogue(text: str | None = None) -> tuple[Signature, ...]:
             when=frozenset(Outcome(w) for w in entry["when"]),
             outcome=Outcome(entry["outcome"]),
             pattern=re.compile(entry["pattern"]),
+            environment=entry.get("environment", False),
         )
         for entry in tomllib.loads(text)["signature"]
     )
+
+
+def environment_signatures(catalogue: tuple[Signature, ...] | None = None) -> frozenset[str]:
+    """The names of the signatures that mark a problem of the environment, not a finding."""
+    return frozenset(s.name for s in (catalogue or load_catalogue()) if s.environment)
 
 
 def _ending(ev: Evidence) -> tuple[Outcome, int | None]:

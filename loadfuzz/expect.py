@@ -86,6 +86,14 @@ class Expectation:
             "source": self.source,
         }
 
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Expectation:
+        """The entry `to_json` gave (a summary's "expectations" keeps every entry this way)."""
+        return cls(first=data["first"], second=data["second"], orders=data["orders"],
+                   flags=tuple(Flags(mode) for mode in data["flags"]),
+                   outcome=Outcome(data["outcome"]), op=data["op"], why=data["why"],
+                   source=data["source"])
+
 
 def load_expectations(path: Path) -> tuple[Expectation, ...]:
     """Read and check an expectations file; any problem is one UsageError line naming it."""

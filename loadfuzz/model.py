@@ -11,6 +11,7 @@ every stage and output that needs them.
 from __future__ import annotations
 
 import enum
+import re
 import signal as signals
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -23,6 +24,9 @@ class Flags(enum.Enum):
 
     GLOBAL = "global"  # RTLD_NOW | RTLD_GLOBAL: a C++ application linking it
     LOCAL = "local"  # RTLD_NOW | RTLD_LOCAL: what CPython's import gives an extension
+    # The way Python code loads it: an extension module by its qualified import, an export
+    # plugin by torch.ops.load_library (after `import torch`), anything else by ctypes.CDLL.
+    PYTHON = "python"
 
     @classmethod
     def parse_list(cls, text: str) -> tuple[Flags, ...]:
@@ -33,7 +37,7 @@ class Flags(enum.Enum):
                 mode = cls(word.strip())
             except ValueError:
                 raise ValueError(
-                    f"unknown flags mode {word.strip()!r} (expected global or local)"
+                    f"unknown flags mode {word.strip()!r} (expected global, local or python)"
                 ) from None
             if mode not in modes:
                 modes.append(mode)
@@ -41,8 +45,9 @@ class Flags(enum.Enum):
 
 
 class StepKind(enum.Enum):
-    DLOPEN = "dlopen"  # dlopen(path, flags)
-    IMPORT = "import"  # import the extension module at path in an embedded interpreter
+    DLOPEN = "dlopen"  # load the library at path: dlopen(path, flags), or as Python does (PYTHON)
+    IMPORT = "import"  # import the extension module at path under its qualified module name
+    MODULE = "module"  # import a module by name (`lib` is the name; there is no path)
 
 
 class Outcome(enum.Enum):
@@ -79,12 +84,16 @@ class Step:
     @classmethod
     def from_json(cls, data: Mapping[str, Any], locate: Callable[[str], Path]) -> Step:
         """Rebuild a step; `locate` maps a library id back to its path on this machine."""
-        return cls(StepKind(data["kind"]), data["lib"], Flags(data["flags"]), locate(data["lib"]))
+        kind = StepKind(data["kind"])
+        path = Path() if kind is StepKind.MODULE else locate(data["lib"])
+        return cls(kind, data["lib"], Flags(data["flags"]), path)
 
     def spelling(self) -> str:
         """The way a user types this step on the `run` command line (path form)."""
         if self.kind is StepKind.IMPORT:
             return f"py:{self.path}"
+        if self.kind is StepKind.MODULE:
+            return f"import:{self.lib}"
         return f"{self.flags.value}:{self.path}"
 
 
@@ -106,17 +115,25 @@ def json_key(record: Mapping[str, Any]) -> Key:
 STEP_PREFIXES: dict[str, tuple[StepKind, Flags | None]] = {
     "global": (StepKind.DLOPEN, Flags.GLOBAL),
     "local": (StepKind.DLOPEN, Flags.LOCAL),
+    "python": (StepKind.DLOPEN, Flags.PYTHON),
     "py": (StepKind.IMPORT, Flags.LOCAL),
+    "import": (StepKind.MODULE, Flags.PYTHON),
 }
+MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
 def parse_step(text: str, default: Flags, locate: Callable[[str], Path | None]) -> Step:
-    """`[global:|local:|py:]ID-OR-PATH` -> a Step. `locate(name)` gives the path of a library
-    id, or None when `name` is no id (then it must be a file). Raises UsageError."""
+    """`[global:|local:|python:|py:]ID-OR-PATH` or `import:MODULE` -> a Step. `locate(name)`
+    gives the path of a library id, or None when `name` is no id (then it must be a file).
+    Raises UsageError."""
     prefix, sep, rest = text.partition(":")
     known = bool(sep) and prefix in STEP_PREFIXES
     kind, flags = STEP_PREFIXES[prefix] if known else (StepKind.DLOPEN, None)
     name = rest if known else text
+    if kind is StepKind.MODULE:
+        if not MODULE_NAME.fullmatch(name):
+            raise UsageError(f"import:{name}: not a module name (e.g. import:torch)")
+        return Step(kind, name, Flags.PYTHON)
     found = locate(name)
     if found is not None:
         return Step(kind, name, flags or default, found)
@@ -127,9 +144,10 @@ def parse_step(text: str, default: Flags, locate: Callable[[str], Path | None]) 
 
 
 def step_label(step: Mapping[str, Any]) -> str:
-    """A step (JSON form) as `run` spells it, with the library id: `global:lib/x.so`, `py:ext.so`."""
-    prefix = "py" if step["kind"] == StepKind.IMPORT.value else step["flags"]
-    return f"{prefix}:{step['lib']}"
+    """A step (JSON form) as `run` spells it, with the library id: `global:lib/x.so`, `py:ext.so`,
+    `import:torch`."""
+    prefixes = {StepKind.IMPORT.value: "py", StepKind.MODULE.value: "import"}
+    return f"{prefixes.get(step['kind'], step['flags'])}:{step['lib']}"
 
 
 def plain_dlopens(steps: Iterable[Mapping[str, Any]]) -> bool:

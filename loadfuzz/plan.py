@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from loadfuzz.inventory import Library
 from loadfuzz.model import Flags, Role, Step, StepKind, UsageError
 from loadfuzz.model import Sequence as Steps
 
@@ -22,13 +21,16 @@ T = TypeVar("T")
 
 
 class Loadable(Protocol):
-    """What a step needs of a library: its id and where it is (an inventory `Library`)."""
+    """What a step needs of a library: its id, where it is and its role (an inventory `Library`)."""
 
     @property
     def id(self) -> str: ...
 
     @property
     def path(self) -> Path: ...
+
+    @property
+    def role(self) -> Role: ...
 
 
 @dataclass(frozen=True)
@@ -62,23 +64,31 @@ def dlopen(lib: Loadable, flags: Flags) -> Step:
     return Step(StepKind.DLOPEN, lib.id, flags, lib.path)
 
 
+def load(lib: Loadable, flags: Flags) -> Step:
+    """Load a library with a flags mode; under `python`, an extension module is imported."""
+    if flags is Flags.PYTHON and lib.role is Role.PYTHON_EXTENSION:
+        return Step(StepKind.IMPORT, lib.id, flags, lib.path)
+    return dlopen(lib, flags)
+
+
 def pairs(libraries: Iterable[Loadable], flags: Sequence[Flags]) -> list[Steps]:
     """Every ordered pair of distinct libraries, both loaded with the same flags mode.
 
     Grouped by flags mode, then by first library (a matrix row), then second.
     """
     libs = sorted(libraries, key=lambda lib: (lib.id, str(lib.path)))
-    return [(dlopen(first, mode), dlopen(second, mode))
+    return [(load(first, mode), load(second, mode))
             for mode in flags for first in libs for second in libs if first.id != second.id]
 
 
-def step_options(libs: Sequence[Library], flags: Sequence[Flags]) -> list[Step]:
-    """Every way to load one library, simplest first: earlier library, `local`, `global`, and
-    `py:` (an import) for a Python extension."""
-    order = [mode for mode in (Flags.LOCAL, Flags.GLOBAL) if mode in flags]
+def step_options(libs: Sequence[Loadable], flags: Sequence[Flags]) -> list[Step]:
+    """Every way to load one library, simplest first: earlier library, `local`, `global`,
+    `python` (as Python code loads it), and `py:` (an import) for a Python extension."""
+    order = [mode for mode in (Flags.LOCAL, Flags.GLOBAL, Flags.PYTHON) if mode in flags]
     options = []
     for lib in libs:
-        options += [dlopen(lib, mode) for mode in order]
+        options += [load(lib, mode) for mode in order if not (
+            mode is Flags.PYTHON and lib.role is Role.PYTHON_EXTENSION)]
         if lib.role is Role.PYTHON_EXTENSION:
             options.append(Step(StepKind.IMPORT, lib.id, Flags.LOCAL, lib.path))
     return options

@@ -84,7 +84,10 @@ class Process:
                      if symbol in obj.defines), None)
 
     def load(self, index: int, step: Step) -> Prediction | None:
-        """Do one step; a Prediction when it should end the process."""
+        """Do one step; a Prediction when it should end the process. A module imported by name
+        is not in the inventory: nothing is predicted of it (it is taken as clean)."""
+        if step.kind is StepKind.MODULE:
+            return None
         root = self.inv.link_map.files[self.inv.get(step.lib).path]
         order, missing = self.inv.link_map.search_list(root, self.by_name)
         if missing:
@@ -163,8 +166,9 @@ def interposition(inv: Inventory, records: Iterable[TrialRecord]) -> list[dict]:
     """
     modes: dict[tuple[str, str], dict[str, str]] = {}
     for record in records:
-        if len(record.sequence) == 2 and record.sequence[0].flags is record.sequence[1].flags:
-            pair = (record.sequence[0].lib, record.sequence[1].lib)
+        first, second = record.sequence if len(record.sequence) == 2 else (None, None)
+        if first and first.flags is second.flags and first.flags in (Flags.GLOBAL, Flags.LOCAL):
+            pair = (first.lib, second.lib)
             modes.setdefault(pair, {})[record.sequence[0].flags.value] = record.outcome.value
     found = []
     for (first, second), outcomes in sorted(modes.items()):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loadfuzz.expect import Expectation, classify_findings, load_expectations
-from loadfuzz.model import Flags, Outcome, Step, StepKind, TrialRecord
+from loadfuzz.model import Flags, Outcome, Role, Step, StepKind, TrialRecord
 from loadfuzz.run.trials import Trials
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,6 +45,7 @@ class Lib:
 
     id: str
     path: Path
+    role: Role = Role.OTHER
 
 
 def processes_holding(path: Path) -> list[int]:

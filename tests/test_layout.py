@@ -16,10 +16,14 @@ def module_name(path):
 
 
 def imports(path, modules):
-    """Every loadfuzz module this file imports, at any depth of its code (`from P import M`
-    of a module M counts as P.M)."""
+    """Every loadfuzz module this file imports, at any depth of its code, inside functions too
+    (`from P import M` of a module M counts as P.M)."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for block in ast.walk(tree):  # `if TYPE_CHECKING:` imports never run: they are no edge
+        if isinstance(block, ast.If) and ast.unparse(block.test).endswith("TYPE_CHECKING"):
+            block.body = []
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names if alias.name.startswith("loadfuzz")}
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("loadfuzz"):

@@ -13,18 +13,19 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from loadfuzz import inventory, predict
-from loadfuzz.campaign import Prepared, Stopped, exit_status, prepare, run_matrix
 from loadfuzz.cli import printing
 from loadfuzz.cli.printing import Progress
 from loadfuzz.model import Outcome, UsageError, parse_step
-from loadfuzz.results import FULL_OR_READ_ONLY
 from loadfuzz.run.harness import Limits
-from loadfuzz.run.tiers import Tiers
-from loadfuzz.run.trials import Trials
-from loadfuzz.search import fuzz, repro
-from loadfuzz.settings import CampaignSettings, RunSettings, TargetSpec
+
+# What a command needs is imported inside it: `scan` must not pay for Hypothesis, the
+# campaign, the reports or the harness pool (the start-up of every command is what a
+# warm `scan` costs).
+if TYPE_CHECKING:
+    from loadfuzz.campaign import Prepared
+    from loadfuzz.settings import CampaignSettings
 
 
 def limits_of(args: argparse.Namespace) -> Limits:
@@ -33,6 +34,8 @@ def limits_of(args: argparse.Namespace) -> Limits:
 
 def campaign_settings(args: argparse.Namespace) -> CampaignSettings:
     """The settings every campaign command shares, from its arguments."""
+    from loadfuzz.settings import CampaignSettings, RunSettings, TargetSpec
+
     defaults = CampaignSettings(TargetSpec(args.target))
     return CampaignSettings(
         target=TargetSpec(args.target, tuple(args.add), tuple(getattr(args, "select", ()))),
@@ -59,6 +62,8 @@ class CouldNotFinish(Exception):
 def failing_into(campaign: Prepared) -> Iterator[None]:
     """Any failure that is not bad input nor a stop becomes CouldNotFinish of this campaign;
     a results folder that cannot take more says so, and how to go on."""
+    from loadfuzz.results import FULL_OR_READ_ONLY
+
     try:
         yield
     except (UsageError, KeyboardInterrupt):
@@ -77,6 +82,8 @@ def failing_into(campaign: Prepared) -> Iterator[None]:
 
 def interrupted(campaign: Prepared, stop: KeyboardInterrupt) -> int:
     """The line a stopped campaign leaves, and its exit status (128 + the signal)."""
+    from loadfuzz.campaign import Stopped
+
     signum = stop.signum if isinstance(stop, Stopped) else signal.SIGINT
     resume = campaign.resume_command()
     how = f"; continue with: {resume}" if resume else ""
@@ -87,6 +94,8 @@ def interrupted(campaign: Prepared, stop: KeyboardInterrupt) -> int:
 
 
 def cmd_scan(args: argparse.Namespace) -> int:
+    from loadfuzz import inventory, predict
+
     inv = inventory.load_target(args.target, args.add)
     predictions = predict.predict(inv)
     if args.json:
@@ -97,6 +106,10 @@ def cmd_scan(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from loadfuzz import inventory
+    from loadfuzz.run.tiers import Tiers
+    from loadfuzz.run.trials import Trials
+
     inv = inventory.load_target(args.target) if args.target else None
 
     def locate(name: str):
@@ -118,7 +131,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:
-    campaign = prepare(campaign_settings(args), "matrix")
+    from loadfuzz.baseline import check_fail_on
+    from loadfuzz.campaign import exit_status, prepare, run_matrix
+
+    check_fail_on(args.fail_on, args.baseline)
+    campaign = prepare(campaign_settings(args), "matrix", baseline=args.baseline)
     try:
         with failing_into(campaign):
             summary, records = run_matrix(campaign, Progress("matrix"))
@@ -129,13 +146,18 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     else:
         print(printing.matrix_text(summary, records))
         printing.print_summary(summary)
-    return exit_status(summary)
+    return exit_status(summary, args.fail_on)
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
+    from loadfuzz.baseline import check_fail_on
+    from loadfuzz.campaign import exit_status, prepare
+    from loadfuzz.search import fuzz
+
+    check_fail_on(args.fail_on, args.baseline)
     options = fuzz.FuzzOptions(args.budget, args.max_len, args.seed, args.db)
     fuzz.db_folder(args.db)
-    campaign = prepare(campaign_settings(args), "fuzz")
+    campaign = prepare(campaign_settings(args), "fuzz", baseline=args.baseline)
     try:
         with failing_into(campaign):
             summary, _ = fuzz.run_fuzz(campaign, options, Progress("fuzz"))
@@ -147,7 +169,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         printing.print_json(summary)
     else:
         printing.print_summary(summary)
-    return exit_status(summary)
+    return exit_status(summary, args.fail_on)
 
 
 def message_of(args: argparse.Namespace) -> str:
@@ -162,6 +184,9 @@ def message_of(args: argparse.Namespace) -> str:
 
 
 def cmd_repro(args: argparse.Namespace) -> int:
+    from loadfuzz.campaign import prepare
+    from loadfuzz.search import repro
+
     message = repro.read_message(message_of(args))
     campaign = prepare(campaign_settings(args), "repro", suffix="-repro")
     try:
@@ -176,5 +201,19 @@ def cmd_repro(args: argparse.Namespace) -> int:
     return 0 if result["reproduced"] else 1
 
 
+def cmd_merge(args: argparse.Namespace) -> int:
+    from loadfuzz import merge
+    from loadfuzz.campaign import exit_status
+
+    summary, records = merge.merge(args.folders, args.out)
+    if args.json:
+        printing.print_json(summary)
+    else:
+        if summary["command"] == "matrix":
+            print(printing.matrix_text(summary, records))
+        printing.print_summary(summary)
+    return exit_status(summary)
+
+
 COMMANDS = {"scan": cmd_scan, "run": cmd_run, "matrix": cmd_matrix, "fuzz": cmd_fuzz,
-            "repro": cmd_repro}
+            "repro": cmd_repro, "merge": cmd_merge}

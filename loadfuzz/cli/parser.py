@@ -28,13 +28,16 @@ EXAMPLES = {
   loadfuzz matrix executorch --add build/fixtures/legacy/libquantized_ops_legacy_plugin.so \\
       --expect results/expectations/executorch.toml
   loadfuzz matrix executorch --select 'lib/*' --flags global --json
-  loadfuzz matrix executorch --shard 2/3 --out results/ci/shard-2""",
+  loadfuzz matrix executorch --shard 2/3 --out results/ci/shard-2
+  loadfuzz matrix executorch --baseline results/executorch-1.4.1/20250101T000000Z --fail-on new""",
     "fuzz": """examples:
   loadfuzz fuzz build/fixtures/corpus --budget 60s --seed 1
   loadfuzz fuzz executorch --add plugin.so --budget 10m --max-len 5 --db results/.hypothesis""",
     "repro": """examples:
   loadfuzz repro "Re-registering quantized_decomposed::add.out" executorch --add plugin.so
   loadfuzz repro --log crash.log executorch""",
+    "merge": """examples:
+  loadfuzz merge results/ci/shard-1 results/ci/shard-2 results/ci/shard-3 --out results/ci/all""",
 }
 
 
@@ -119,6 +122,12 @@ def build_parser() -> Parser:
                              metavar="K/N", help="run only the K-th of N slices of the work")
             sub.add_argument("--jobs", type=positive_int, default=os.cpu_count() or 1,
                              metavar="N", help="trials run at once (default: the cores)")
+            sub.add_argument("--baseline", type=Path, metavar="RESULTS_FOLDER",
+                             help="an earlier campaign's results folder: report the findings "
+                                  "new, gone and still there since")
+            sub.add_argument("--fail-on", choices=("unexpected", "new"), default="unexpected",
+                             help="exit 1 on any unexpected finding (default), or only on an "
+                                  "unexpected one that is new since --baseline")
         sub.add_argument("--out", type=Path, metavar="DIR", help="results folder")
         sub.add_argument("--json", action="store_true", help="print JSON")
         limits(sub)
@@ -155,4 +164,11 @@ def build_parser() -> Parser:
     sub.add_argument("message", nargs="?", metavar="MESSAGE")
     sub.add_argument("--log", type=Path, metavar="FILE")
     target(sub, campaign=False)
+
+    sub = command("merge", "Merge the results folders of the shards of one campaign into one.")
+    sub.add_argument("folders", nargs="+", type=Path, metavar="DIR",
+                     help="the results folder of each shard (--shard K/N) of the campaign")
+    sub.add_argument("--out", type=Path, required=True, metavar="DIR",
+                     help="results folder of the whole campaign (must not hold results)")
+    sub.add_argument("--json", action="store_true", help="print the merged summary as JSON")
     return parser

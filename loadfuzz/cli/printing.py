@@ -10,11 +10,13 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from loadfuzz.inventory import Inventory, Library
 from loadfuzz.model import GLYPHS, TrialRecord, spell_sequence, step_label
-from loadfuzz.predict import Prediction
+
+if TYPE_CHECKING:  # only named in annotations: printing stays cheap to import
+    from loadfuzz.inventory import Inventory, Library
+    from loadfuzz.predict import Prediction
 
 
 def print_json(data: Any) -> None:
@@ -118,6 +120,8 @@ def print_summary(summary: dict) -> None:
     print(f"{summary['command']} {summary['target']}: {summary['trials']} trials, "
           f"{len(findings)} findings, {len(unexpected)} unexpected, "
           f"{len(summary['stale'])} stale expectations")
+    if summary.get("baseline"):
+        print(baseline_line(summary["baseline"]))
     if summary.get("throughput"):
         print(f"throughput: {summary['throughput']} trials/s")
     for record in findings:
@@ -133,6 +137,13 @@ def print_summary(summary: dict) -> None:
     print(f"report: {Path(summary['out']) / 'report.md'}  (matrix.html, junit.xml, repro/)")
 
 
+def baseline_line(baseline: dict) -> str:
+    """`baseline <folder>: N new, M gone, K still` (and what it could not compare)."""
+    scope = f", {baseline['out_of_scope']} out of scope" if baseline.get("out_of_scope") else ""
+    return (f"baseline {baseline['folder']}: {len(baseline['new'])} new, "
+            f"{len(baseline['gone'])} gone, {len(baseline['still'])} still{scope}")
+
+
 def print_repro(result: dict, inv: Inventory) -> None:
     what = f"{result['signature']} {result['op']}" if result["signature"] else "an unknown line"
     print(f"message: {result['message']}  [{what}]")
@@ -143,7 +154,7 @@ def print_repro(result: dict, inv: Inventory) -> None:
     record = result["record"]
     if record is None:
         print(f"not reproduced: {result['tried']} load orders of the candidates tried, under "
-              f"both flags modes; none ended that way (trials: {result['out']}/trials.jsonl)")
+              f"every flags mode; none ended that way (trials: {result['out']}/trials.jsonl)")
         return
     seq = " -> ".join(step_label(s) for s in record["sequence"])
     print(f"reproduced after {result['tried']} orders; minimal sequence: {seq}")

@@ -18,6 +18,7 @@ from typing import Any
 from loadfuzz.model import GLYPHS, headline, step_label
 from loadfuzz.report.output import write_file
 from loadfuzz.report.view import (
+    ENVIRONMENT_WHY,
     CampaignView,
     ended_in,
     json_key,
@@ -41,7 +42,8 @@ CELL_STYLES: dict[str, tuple[str, str, str]] = {
     state: ("" if state == "clean" else GLYPHS.get(state, ""), colour, text)
     for state, (colour, text) in _COLOURS_AND_TEXT.items()
 }
-FLAGS_MEANING = {"global": "RTLD_NOW | RTLD_GLOBAL", "local": "RTLD_NOW | RTLD_LOCAL"}
+FLAGS_MEANING = {"global": "RTLD_NOW | RTLD_GLOBAL", "local": "RTLD_NOW | RTLD_LOCAL",
+                 "python": "as Python code loads it: import, torch.ops.load_library, ctypes.CDLL"}
 
 
 def style_sheet() -> str:
@@ -154,10 +156,13 @@ def _html_findings(campaign: CampaignView) -> str:
         return "<h2>Findings</h2><p>None: every trial was clean.</p>"
     columns = ("#", "status", "outcome", "sequence (the step it ended in marked)", "detail", "why")
     rows = []
+    new = {json_key(r) for r in (campaign.summary.get("baseline") or {}).get("new", [])}
     for number, record in enumerate(campaign.findings, start=1):
         status = campaign.status(record)
         if status == "expected":
             why = _e(visible(campaign.why.get(json_key(record)) or "covered by the expectations file"))
+        elif status == "environment":
+            why = _e(ENVIRONMENT_WHY)
         else:
             why = '<span class="none">no expectation covers it</span>'
         sequence = "<br>".join(
@@ -165,7 +170,8 @@ def _html_findings(campaign: CampaignView) -> str:
             f"{_e(visible(step_label(s)))}</code>"
             for i, s in enumerate(record["sequence"])
         )
-        cells = [str(number), status, _e(headline(record)), sequence,
+        shown = f"{status}, new since the baseline" if json_key(record) in new else status
+        cells = [str(number), shown, _e(headline(record)), sequence,
                  f"<code>{_e(visible(record.get('detail') or ''))}</code>", why]
         script = repro_path(campaign, record)
         repro = (f'<td colspan="{len(columns) - 1}">reproduce'

@@ -16,7 +16,7 @@ from typing import Any
 
 from loadfuzz.model import headline
 from loadfuzz.report.output import write_file
-from loadfuzz.report.view import CampaignView, json_key, sequence_label
+from loadfuzz.report.view import ENVIRONMENT_WHY, CampaignView, json_key, sequence_label
 
 # Characters XML 1.0 cannot carry at all, even as references.
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
@@ -42,6 +42,8 @@ def _testcase(suite: ET.Element, classname: str, name: str, campaign: CampaignVi
     elif status == "expected":
         why = campaign.why.get(json_key(record)) or "covered by the expectations file"
         ET.SubElement(case, "skipped", message=_x(f"expected: {why}"))
+    elif status == "environment":
+        ET.SubElement(case, "skipped", message=_x(f"environment: {ENVIRONMENT_WHY}"))
     if status != "clean":
         ET.SubElement(case, "system-out").text = _x(json.dumps(record, indent=2,
                                                                ensure_ascii=False))

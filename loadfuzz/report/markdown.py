@@ -13,9 +13,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from loadfuzz.model import plain_dlopens, signal_name, step_label
+from loadfuzz.model import headline, plain_dlopens, signal_name, spell_sequence, step_label
 from loadfuzz.report.output import write_file
 from loadfuzz.report.view import (
+    ENVIRONMENT_WHY,
     OUTCOME_ORDER,
     CampaignView,
     ended_in,
@@ -64,6 +65,8 @@ def _md_finding(campaign: CampaignView, number: int, record: Mapping[str, Any]) 
     if campaign.status(record) == "expected":
         why = campaign.why.get(json_key(record)) or "covered by the expectations file"
         lines.append(f"- Expected: {_md_text(why)}")
+    elif campaign.status(record) == "environment":
+        lines.append(f"- Environment: {ENVIRONMENT_WHY}.")
     else:
         lines.append("- Unexpected: no expectation covers it.")
     where = repro_path(campaign, record)
@@ -90,6 +93,42 @@ def _md_rows(servers: dict | None) -> str | None:
     return f"{servers.get('rows_shared', 0)} rows" + (f" (not shared: {why})" if why else "")
 
 
+def _md_baseline_folder(baseline: Mapping[str, Any] | None) -> str | None:
+    if not baseline:
+        return None
+    version = f" (version {_md_code(str(baseline['version']))})" if baseline.get("version") else ""
+    return f"{_md_code(str(baseline['folder']))}{version}"
+
+
+def _md_since_baseline(campaign: CampaignView, lines: list[str]) -> set[int]:
+    """"New since the baseline" (each new finding in full) and "Gone since the baseline" (one
+    line each), appended to `lines`; the numbers of the findings shown there."""
+    baseline = campaign.summary.get("baseline")
+    if not baseline:
+        return set()
+    new = {json_key(r) for r in baseline.get("new", [])}
+    numbered = [(n, r) for n, r in enumerate(campaign.findings, 1) if json_key(r) in new]
+    lines += [f"## New since the baseline ({len(numbered)})", ""]
+    if not numbered:
+        lines += ["None: every finding was already a finding of the baseline.", ""]
+    for number, record in numbered:
+        lines += _md_finding(campaign, number, record)
+    gone = baseline.get("gone", [])
+    lines += [f"## Gone since the baseline ({len(gone)})", ""]
+    if gone:
+        lines += ["Findings of the baseline that this campaign ran the load order of, and did not "
+                  "find again:", ""]
+    else:
+        lines += ["None."]
+    lines += [f"- {_md_code(spell_sequence(r['sequence']))}: {_md_code(headline(r))}"
+              + (f", ended in {_md_code(ended_in(r) or '')}" if ended_in(r) else "") for r in gone]
+    if baseline.get("out_of_scope"):
+        lines += ["", f"{baseline['out_of_scope']} other findings of the baseline were out of "
+                  "this campaign's scope (it did not run their load orders): not compared."]
+    lines.append("")
+    return {n for n, _ in numbered}
+
+
 def render_markdown(campaign: CampaignView) -> str:
     summary = campaign.summary
     libraries = campaign.libraries()
@@ -114,6 +153,7 @@ def render_markdown(campaign: CampaignView) -> str:
         ("Throughput", summary.get("throughput") and f"{summary['throughput']:.1f} trials/s"),
         ("Shared prefixes", _md_rows(summary.get("servers"))),
         ("Results folder", summary.get("out") and _md_code(str(summary["out"]))),
+        ("Baseline", _md_baseline_folder(summary.get("baseline"))),
     ]
     lines += [f"- {name}: {value}" for name, value in tested if value]
     counts = campaign.outcome_counts()
@@ -124,14 +164,22 @@ def render_markdown(campaign: CampaignView) -> str:
     lines += [f"{n}. {_md_code(lib)}" for n, lib in enumerate(libraries, start=1)]
     lines += ["", "</details>", ""]
 
-    for status in ("unexpected", "expected"):
+    shown = _md_since_baseline(campaign, lines)  # new and gone first, when there is a baseline
+    for status, title in (("unexpected", "Unexpected findings"), ("expected", "Expected findings"),
+                          ("environment", "Environment problems")):
         numbered = [(n, r) for n, r in enumerate(campaign.findings, 1)
                     if campaign.status(r) == status]
-        lines += [f"## {status.capitalize()} findings ({len(numbered)})", ""]
+        if status == "environment" and not numbered:
+            continue
+        lines += [f"## {title} ({len(numbered)})", ""]
         if not numbered:
             lines += ["None.", ""]
+        above = [n for n, _ in numbered if n in shown]
+        if above:
+            lines += [f"New since the baseline, shown above: {', '.join(map(str, above))}.", ""]
         for number, record in numbered:
-            lines += _md_finding(campaign, number, record)
+            if number not in shown:
+                lines += _md_finding(campaign, number, record)
 
     stale = summary.get("stale", [])
     lines += [f"## Stale expectations ({len(stale)})", ""]

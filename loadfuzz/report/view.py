@@ -40,6 +40,7 @@ class CampaignView:
     findings: list[Mapping[str, Any]]  # the summary's findings, numbered from 1 in this order
     number: dict[Key, int]
     unexpected: frozenset[Key]
+    environment: frozenset[Key]  # problems of the environment (a missing Python module)
     why: dict[Key, str]
 
     @classmethod
@@ -53,17 +54,20 @@ class CampaignView:
             findings=findings,
             number={json_key(r): n for n, r in reversed(list(enumerate(findings, start=1)))},
             unexpected=frozenset(json_key(r) for r in summary.get("unexpected", [])),
+            environment=frozenset(json_key(r) for r in summary.get("environment", [])),
             why={json_key(e["record"]): e.get("why", "") for e in summary.get("expected", [])},
         )
 
     def status(self, record: Mapping[str, Any]) -> str:
-        """One of clean, expected, unexpected. A finding the summary lists nowhere counts as
-        unexpected: nothing vouched for it."""
+        """One of clean, expected, unexpected, environment. A finding the summary lists nowhere
+        counts as unexpected: nothing vouched for it."""
         key = json_key(record)
         if record["outcome"] == "clean":
             return "clean"
         if key in self.unexpected:
             return "unexpected"
+        if key in self.environment:
+            return "environment"
         return "expected" if key in self.number or key in self.why else "unexpected"
 
     def title(self) -> str:
@@ -103,6 +107,9 @@ class CampaignView:
             (r["sequence"][0]["lib"], r["sequence"][1]["lib"], flags_mode(r)): r
             for r in self.pair_records()
         }
+
+
+ENVIRONMENT_WHY = "a problem of the environment under test (a Python module it lacks), not a collision"
 
 
 def count(n: int, noun: str) -> str:

@@ -30,11 +30,10 @@ from pathlib import Path
 import psutil
 
 from loadfuzz import hostenv
-from loadfuzz.model import Evidence, Flags, StepKind
+from loadfuzz.model import Evidence
 from loadfuzz.run.build import harness_binary
 
-PROTOCOL_VERSION = 2  # harness_c/harness.c's PROTOCOL_VERSION: the greeting must say it
-MODES = {(StepKind.DLOPEN, Flags.GLOBAL): "g", (StepKind.DLOPEN, Flags.LOCAL): "l"}
+PROTOCOL_VERSION = 3  # harness_c/harness.c's PROTOCOL_VERSION: the greeting must say it
 STARTUP_TIMEOUT_S = 120.0  # preloading libtorch on a cold disk can take a while
 MARGIN_S = 30.0  # on top of the step limits, before the server itself is presumed stuck
 
@@ -48,14 +47,16 @@ class Limits:
 
 @dataclass(frozen=True)
 class HarnessStep:
-    """One action as the harness takes it: a mode letter and a path."""
+    """One action as the harness takes it: a mode letter and a path (for `y`, Python source)."""
 
-    mode: str  # g, l or p
-    path: Path
+    mode: str  # g (dlopen RTLD_GLOBAL), l (RTLD_LOCAL) or y (run `code` as Python)
+    path: Path  # the library the step is about (for y: only for people)
+    code: str = ""
 
-    @classmethod
-    def of(cls, kind: StepKind, flags: Flags, path: Path) -> HarnessStep:
-        return cls("p" if kind is StepKind.IMPORT else MODES[(kind, flags)], path)
+    @property
+    def payload(self) -> bytes:
+        return self.code.encode("utf-8", "surrogateescape") if self.mode == "y" else (
+            os.fsencode(self.path))
 
 
 def trial_environment(scratch: Path) -> dict[str, str]:
@@ -65,8 +66,9 @@ def trial_environment(scratch: Path) -> dict[str, str]:
         "HOME": str(scratch),
         "TMPDIR": str(scratch),
         "LANG": "C.UTF-8",
-        "PYTHONHOME": sys.base_prefix,
-        "PYTHONPATH": os.pathsep.join(hostenv.python_paths()),
+        # An embedded interpreter starts as this program, so that its sys.path and site are
+        # those `python -c` has in this environment.
+        "LOADFUZZ_PYTHON": sys.executable,
         "PYTHONNOUSERSITE": "1",
         "PYTHONDONTWRITEBYTECODE": "1",
     }
@@ -187,7 +189,7 @@ class Harness:
                                            limits.at_exit, len(steps), len(bytes(workdir)))
         message = [header, bytes(workdir)]
         for step in steps:
-            raw = os.fsencode(step.path)
+            raw = step.payload
             message += [b"%s %d\n" % (step.mode.encode(), len(raw)), raw]
         os.write(self._ctl, b"".join(message))
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from loadfuzz import hostenv, inventory
 from loadfuzz.inventory import Library
 from loadfuzz.model import Sequence as Steps
+from loadfuzz.model import Step, StepKind
 from loadfuzz.run.harness import HarnessStep
 
 LIGHT, PYTHON, HEAVY = 0, 1, 2
@@ -75,15 +76,22 @@ class Tiers:
     @classmethod
     def for_steps(cls, seq: Steps) -> Tiers:
         """The tiers of the libraries a sequence names by path (a `run` of loose files)."""
-        from_files = inventory.load_libraries(list(dict.fromkeys(step.path for step in seq)))
-        return cls.of(from_files.libraries)
+        files = [step.path for step in seq if step.kind is not StepKind.MODULE]
+        if not files:
+            return NO_TIERS
+        return cls.of(inventory.load_libraries(list(dict.fromkeys(files))).libraries)
 
     def needs_python(self, seq: Steps) -> bool:
         return any(step.path in self.python for step in seq)
 
+    def reaches_torch(self, step: Step) -> bool:
+        """Whether loading the step's library maps PyTorch's (unknown libraries are assumed to)."""
+        return self.tiers.get(step.path, HEAVY) == HEAVY
+
     def preload(self, seq: Steps) -> tuple[HarnessStep, ...]:
         """What the server a trial forks from has preloaded: the lightest tier that will do."""
-        return self.preloads[max((self.tiers.get(step.path, HEAVY) for step in seq), default=LIGHT)]
+        return self.preloads[max((self.tiers.get(step.path, HEAVY) for step in seq
+                                  if step.kind is not StepKind.MODULE), default=LIGHT)]
 
 
 NO_TIERS = Tiers(frozenset(), {}, ((), (), ()))

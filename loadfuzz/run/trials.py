@@ -25,7 +25,8 @@ from pathlib import Path
 
 from loadfuzz import hostenv
 from loadfuzz.classify import Signature, classify, load_catalogue
-from loadfuzz.model import Sequence, StepKind, TrialRecord, Verdict
+from loadfuzz.model import Flags, Sequence, Step, StepKind, TrialRecord, Verdict
+from loadfuzz.run import pycode
 from loadfuzz.run.harness import Harness, HarnessDied, HarnessStep, Limits
 from loadfuzz.run.pool import ServerPool, Usage
 from loadfuzz.run.tiers import NO_TIERS, Tiers
@@ -44,14 +45,27 @@ def repro_command(seq: Sequence, limits: Limits) -> str:
     return " ".join(shlex.quote(word) for word in words)
 
 
-def harness_steps(seq: Sequence, needs_python: bool) -> tuple[list[HarnessStep], int]:
+def harness_step(step: Step, tiers: Tiers) -> HarnessStep:
+    """One step as the harness takes it: a dlopen, or Python source (see `pycode`)."""
+    if step.kind is StepKind.DLOPEN and step.flags is not Flags.PYTHON:
+        return HarnessStep("g" if step.flags is Flags.GLOBAL else "l", step.path)
+    code = pycode.source(step, tiers.reaches_torch(step), hostenv.python_paths())
+    return HarnessStep("y", step.path, code)
+
+
+def is_python(step: Step) -> bool:
+    return step.kind is not StepKind.DLOPEN or step.flags is Flags.PYTHON
+
+
+def harness_steps(seq: Sequence, tiers: Tiers) -> tuple[list[HarnessStep], int]:
     """The harness's steps for a sequence, and how many of them are prerequisites.
 
-    A sequence that imports a module or holds a library with undefined Python
-    symbols gets libpython loaded first, RTLD_GLOBAL, as a Python process has it.
+    A sequence with a Python step, or with a library whose undefined Python
+    symbols only libpython defines, gets libpython loaded first, RTLD_GLOBAL,
+    as a Python process has it.
     """
-    steps = [HarnessStep.of(s.kind, s.flags, s.path) for s in seq]
-    wants_python = needs_python or any(s.kind is StepKind.IMPORT for s in seq)
+    steps = [harness_step(s, tiers) for s in seq]
+    wants_python = tiers.needs_python(seq) or any(is_python(s) for s in seq)
     libpython = hostenv.libpython_path() if wants_python else None
     if libpython is None:
         return steps, 0
@@ -134,7 +148,7 @@ class Trials:
     def _record(self, seq: Sequence, via: str, server: Harness | None) -> TrialRecord:
         if self.closed:
             raise RuntimeError("the runner is closed: no more trials start")
-        steps, prelude = harness_steps(seq, self.tiers.needs_python(seq))
+        steps, prelude = harness_steps(seq, self.tiers)
         if server is not None:
             evidence = server.run(steps, self.limits, prelude)
         else:
@@ -184,7 +198,7 @@ class Trials:
         None for a sequence of one step, and when every trial is cold."""
         if self.cold or len(seq) < 2:
             return None
-        steps, prelude = harness_steps(seq, self.tiers.needs_python(seq))
+        steps, prelude = harness_steps(seq, self.tiers)
         return self.tiers.preload(seq), tuple(steps[:prelude + 1])
 
     def run_row(self, row: Sequence[Sequence]) -> Iterator[TrialRecord]:

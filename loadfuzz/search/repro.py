@@ -8,7 +8,7 @@
 3. **Try orders** of the candidates, the ones `scan` predicts to collide
    first: each alone, then ordered pairs, then pairs after one other library
    loaded `global` (a registry only reachable through the global scope),
-   each under both flags modes, until a trial ends with the same signature and
+   each under every flags mode (`local`, `global`, `python`), until a trial ends with the same signature and
    operator (or, for an unknown line, prints it).
 4. **Shrink** the first that does (`shrink.simplify`) and write a standalone
    `repro.sh`. When nothing reproduces, the result says what was tried.
@@ -31,6 +31,7 @@ from loadfuzz.plan import dlopen, step_options
 from loadfuzz.search.shrink import simplify
 
 MOST_TRIALS = 2000  # a bound on the orders tried before giving up
+MODES = (Flags.LOCAL, Flags.GLOBAL, Flags.PYTHON)  # every way to load a candidate, simplest first
 ABORT_WORDS = ("abort", "terminate", "fatal", "error", "re-registering", "registered")
 
 
@@ -90,7 +91,7 @@ def candidates_of(inv: Inventory, message: Message) -> list[Library]:
 
 def orders(inv: Inventory, candidates: Sequence[Library]) -> Iterator[Steps]:
     """Candidate load orders, simplest and predicted-to-collide first."""
-    options = step_options(candidates, (Flags.LOCAL, Flags.GLOBAL))
+    options = step_options(candidates, MODES)
     singles = [(o,) for o in options]
     pairs = [(a, b) for a, b in itertools.product(options, repeat=2) if a.lib != b.lib]
     pairs.sort(key=lambda seq: predict.replay(inv, seq).clean)  # predicted collisions first
@@ -118,8 +119,7 @@ def reproduce(campaign: Prepared, message: Message, watcher: Watcher) -> dict[st
                 tried += 1
                 record = run(seq)
                 if message.matches(record):
-                    found = simplify(record, run, step_options(inv.libraries,
-                                                               (Flags.LOCAL, Flags.GLOBAL)))
+                    found = simplify(record, run, step_options(inv.libraries, MODES))
                     break
     finally:
         watcher.close()

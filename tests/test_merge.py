@@ -1,0 +1,269 @@
+"""`merge` puts the results folders of the shards of one campaign back together.
+
+Three `matrix --shard K/3` folders of executorch's `lib/*` plus the legacy
+plugin (one flags mode, 72 pairs) merge into exactly the trials and findings
+of the same campaign run whole, with its exit status and its expected,
+unexpected and stale verdicts, with and without the expectations file. With
+that file, the seed collision's two pairs fall to shards 1 and 3, so entry 1
+looks stale in shard 2 alone: merged, it is not. Folders that are not the N
+shards of one campaign are refused before anything is written.
+"""
+
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from loadfuzz import merge
+from loadfuzz.elf.read import ElfReader
+from loadfuzz.model import UsageError
+from loadfuzz.predict import shared_definitions
+from support import EXPECTATIONS, KQ, LEGACY_PLUGIN, PLUGIN, QUANTIZED, ROOT, loadfuzz
+
+CAMPAIGN = ("matrix", "executorch", "--add", LEGACY_PLUGIN, "--select", "lib/*",
+            "--select", "extra/*", "--flags", "global")
+REPORTS = {"summary.json", "trials.jsonl", "report.md", "matrix.html", "junit.xml", "repro"}
+
+
+def run(out, *options):
+    """One campaign (or shard) into `out`: (exit status, summary)."""
+    done = loadfuzz(*CAMPAIGN, *options, "--out", out, "--json")
+    assert done.returncode in (0, 1), done.stderr
+    return done.returncode, json.loads(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Per expectations ("none", "file"): the whole campaign and its three shards' folders."""
+    found = {}
+    for name, options in (("none", ()), ("file", ("--expect", EXPECTATIONS))):
+        base = tmp_path_factory.mktemp(f"merge-{name}")
+        whole = run(base / "whole", *options)
+        shards = [base / f"shard{k}" for k in (1, 2, 3)]
+        for k, folder in enumerate(shards, start=1):
+            run(folder, *options, "--shard", f"{k}/3")
+        found[name] = (base / "whole", whole, shards)
+    return found
+
+
+def sequences(folder):
+    return sorted(json.dumps(json.loads(line)["sequence"])
+                  for line in (folder / "trials.jsonl").read_text().splitlines())
+
+
+def verdicts(records):
+    return [(r["sequence"], r["outcome"], r["step"], r["signature"], r["op"]) for r in records]
+
+
+@pytest.mark.parametrize("expect", ["none", "file"])
+def test_the_shards_merge_into_exactly_the_whole_campaign(runs, tmp_path, expect):
+    whole_folder, (status, whole), shards = runs[expect]
+    out = tmp_path / "merged"
+    done = loadfuzz("merge", shards[2], shards[0], shards[1], "--out", out, "--json")
+    assert done.returncode == status == (1 if expect == "none" else 0), done.stderr
+    merged = json.loads(done.stdout)
+    assert merged == json.loads((out / "summary.json").read_text())
+    assert sequences(out) == sequences(whole_folder)
+    assert merged["trials"] == whole["trials"] == 72
+    assert verdicts(merged["findings"]) == verdicts(whole["findings"])
+    assert len(merged["findings"]) == 2
+    assert verdicts(merged["unexpected"]) == verdicts(whole["unexpected"])
+    assert [(verdicts([e["record"]]), e["why"]) for e in merged["expected"]] == [
+        (verdicts([e["record"]]), e["why"]) for e in whole["expected"]]
+    assert merged["stale"] == whole["stale"]
+    for key in ("target", "libraries", "flags", "command", "version", "expectations"):
+        assert merged[key] == whole[key], key
+    assert merged["shard"] is None and merged["merged_from"] == [str(shards[i]) for i in (2, 0, 1)]
+    assert merged["out"] == str(out)
+    shard_summaries = [json.loads((s / "summary.json").read_text()) for s in shards]
+    assert merged["started"] == min(s["started"] for s in shard_summaries)
+    assert merged["finished"] == max(s["finished"] for s in shard_summaries)
+    assert merged["servers"]["servers"] == sum(s["servers"]["servers"] for s in shard_summaries)
+    assert {p.name for p in out.iterdir()} >= REPORTS
+    assert sorted(p.name for p in (out / "repro").iterdir()) == ["001.sh", "002.sh"]
+    junit = (out / "junit.xml").read_text()
+    assert junit.count("<testcase ") == 72 and junit.count("<failure ") == len(whole["unexpected"])
+
+
+def test_a_stale_entry_is_decided_over_the_whole_campaign(runs):
+    _, (_, whole), shards = runs["file"]
+    seed_entry = "executorch.toml:entry 1"  # the plugin and the run-time quantized kernels
+    stale_in = [[e["source"] for e in json.loads((s / "summary.json").read_text())["stale"]]
+                for s in shards]
+    assert [seed_entry in sources for sources in stale_in] == [False, True, False]
+    assert [e["source"] for e in whole["stale"]] == ["executorch.toml:entry 2"]  # no aot library
+    merged = merge.merge(shards, shards[0].parent / "merged-stale")[0]
+    assert [e["source"] for e in merged["stale"]] == ["executorch.toml:entry 2"]
+    assert {e["why"] for e in merged["expected"]} == {whole["expected"][0]["why"]}
+
+
+def test_the_text_output_is_the_campaigns(runs, tmp_path):
+    _, _, shards = runs["none"]
+    done = loadfuzz("merge", *shards, "--out", tmp_path / "merged")
+    assert done.returncode == 1, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("global: row = loaded first, column = loaded second")
+    assert "matrix executorch: 72 trials, 2 findings, 2 unexpected, 0 stale expectations" in lines
+    assert sum("UNEXPECTED reregister" in line for line in lines) == 2
+    assert lines[-1].startswith(f"report: {tmp_path / 'merged' / 'report.md'}")
+
+
+# --- refusals: exit status 2, one line, nothing written --------------------------------------
+
+
+def copy_with(folder, to, edit=None, extra_line=None):
+    shutil.copytree(folder, to)
+    if edit:
+        summary = json.loads((to / "summary.json").read_text())
+        summary.update(edit)
+        (to / "summary.json").write_text(json.dumps(summary))
+    if extra_line:
+        with open(to / "trials.jsonl", "a") as file:
+            file.write(extra_line)
+    return to
+
+
+def refusals(runs, tmp):
+    none, file = runs["none"][2], runs["file"][2]
+    whole = runs["none"][0]
+    first_trial = (none[0] / "trials.jsonl").read_text().splitlines(keepends=True)[0]
+    (tmp / "empty").mkdir()
+    (tmp / "notes").mkdir()
+    (tmp / "notes" / "readme.txt").write_text("not results\n")
+    return {
+        "different expectations": ([none[0], file[1], file[2]], "different campaigns"),
+        "different version": ([none[0], none[1], copy_with(none[2], tmp / "v", {"version": "1.6"})],
+                              "their versions differ: 1.5.1 and 1.6"),
+        "different flags": ([copy_with(none[0], tmp / "f", {"flags": ["local"]}), none[1], none[2]],
+                            "their flags modes differ: local and global"),
+        "different shard counts": ([none[0], none[1], copy_with(none[2], tmp / "n", {"shard": "3/4"})],
+                                   "shard 1/3 and shard 3/4"),
+        "a missing shard": ([none[0], none[2]], "missing shard 2/3"),
+        "the same shard twice": ([none[0], copy_with(none[0], tmp / "again"), none[1], none[2]],
+                                 "shard 1/3 is both"),
+        "a trial in two shards": ([none[0], none[1], copy_with(none[2], tmp / "t", None, first_trial)],
+                                  "overlapping shards"),
+        "a whole campaign with shards": ([whole, none[1], none[2]], "cannot merge a whole campaign"),
+        "an empty folder": ([tmp / "empty", *none], "not a results folder"),
+        "a folder of other files": ([*none, tmp / "notes"], "not a results folder"),
+        "a folder that does not exist": ([*none, tmp / "nowhere"], "not a results folder"),
+        "a stopped shard": ([none[0], none[1], copy_with(none[2], tmp / "s", {"incomplete": True})],
+                            "stopped before it finished"),
+    }
+
+
+CASES = ["different expectations", "different version", "different flags", "different shard counts",
+         "a missing shard", "the same shard twice", "a trial in two shards",
+         "a whole campaign with shards", "an empty folder", "a folder of other files",
+         "a folder that does not exist", "a stopped shard"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_folders_that_are_not_the_shards_of_one_campaign_are_refused(runs, tmp_path, case):
+    folders, words = refusals(runs, tmp_path)[case]
+    before = {f: sorted(p.name for p in f.rglob("*")) for f in folders if f.exists()}
+    done = loadfuzz("merge", *folders, "--out", tmp_path / "merged")
+    assert done.returncode == 2, done.stdout
+    assert done.stderr.startswith("loadfuzz: ") and len(done.stderr.splitlines()) == 1
+    assert words in done.stderr, done.stderr
+    assert done.stdout == "" and not (tmp_path / "merged").exists()
+    assert before == {f: sorted(p.name for p in f.rglob("*")) for f in before}
+
+
+def test_a_missing_shard_is_named(runs, tmp_path):
+    _, _, shards = runs["none"]
+    done = loadfuzz("merge", shards[1], "--out", tmp_path / "merged")
+    assert done.returncode == 2
+    assert "missing shards 1/3, 3/3 (given: 2/3)" in done.stderr
+
+
+def test_an_out_folder_that_holds_results_is_refused(runs, tmp_path):
+    _, _, shards = runs["none"]
+    out = tmp_path / "merged"
+    out.mkdir()
+    (out / "summary.json").write_text("{}\n")
+    done = loadfuzz("merge", *shards, "--out", out)
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1
+    assert f"--out {out} already holds results" in done.stderr
+    assert [p.name for p in out.iterdir()] == ["summary.json"]
+    assert (out / "summary.json").read_text() == "{}\n"
+
+
+def test_merge_needs_out_and_a_folder():
+    for args in (["merge", "somewhere"], ["merge", "--out", "x"]):
+        done = loadfuzz(*args)
+        assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+
+
+# --- fuzz shards and what a matrix shard cannot see alone --------------------------------------
+
+
+def test_fuzz_shards_keep_one_finding_per_identity(tmp_path):
+    corpus = ROOT / "build" / "fixtures" / "corpus"
+    shards = []
+    for k in (1, 2):
+        shards.append(tmp_path / f"shard{k}")
+        done = loadfuzz("fuzz", corpus, "--budget", "1s", "--seed", "1", "--shard", f"{k}/2",
+                        "--db", tmp_path / "db", "--out", shards[-1], "--json")
+        assert done.returncode in (0, 1), done.stderr
+    summaries = [json.loads((s / "summary.json").read_text()) for s in shards]
+    done = loadfuzz("merge", *shards, "--out", tmp_path / "merged", "--json")
+    assert done.returncode == (1 if any(s["unexpected"] for s in summaries) else 0), done.stderr
+    merged = json.loads(done.stdout)
+    identities = [identity(r) for r in merged["findings"]]
+    assert len(identities) == len(set(identities))
+    assert set(identities) == {identity(r) for s in summaries for r in s["findings"]}
+    assert [f["sequence"] for f in merged["found"]] == [r["sequence"] for r in merged["findings"]]
+    assert merged["rounds"] == sum(s["rounds"] for s in summaries) and merged["seed"] == 1
+    assert sequences(tmp_path / "merged") == sorted(set(sequences(shards[0]) + sequences(shards[1])))
+    assert merged["trials"] == len(sequences(tmp_path / "merged"))
+    script = subprocess.run(["sh", "-n", tmp_path / "merged" / "repro" / "001.sh"], check=False)
+    assert script.returncode == 0
+
+
+def identity(record):
+    """As `fuzz` tells failures apart: outcome, signature, op, the libraries up to the failing step."""
+    steps = record["sequence"][:(record["step"] or 0) + 1]
+    return record["outcome"], record["signature"], record["op"], frozenset(s["lib"] for s in steps)
+
+
+def shard_folder(folder, shard, records, interposition=()):
+    """A matrix shard's folder made by hand: two libraries, both flags modes, N = 3."""
+    folder.mkdir()
+    summary = {"target": "t", "libraries": [PLUGIN, KQ], "flags": ["global", "local"],
+               "trials": len(records), "findings": [r for r in records if r["outcome"] != "clean"],
+               "unexpected": [], "stale": [], "command": "matrix", "version": None,
+               "out": str(folder), "shard": shard, "expected": [], "expectations": [], "preload": [],
+               "throughput": 10.0, "disagreements": [], "servers": {"servers": 1},
+               "started": "2025-01-01T00:00:00Z", "finished": "2025-01-01T00:00:01Z",
+               "interposition": list(interposition)}
+    (folder / "summary.json").write_text(json.dumps(summary))
+    (folder / "trials.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def pair(first, second, mode, outcome="clean"):
+    paths = {PLUGIN: LEGACY_PLUGIN, KQ: QUANTIZED}
+    return {"sequence": [{"kind": "dlopen", "lib": lib, "flags": mode} for lib in (first, second)],
+            "outcome": outcome, "step": None if outcome == "clean" else 1, "signature": None,
+            "op": None, "signal": None, "exit_code": 0, "detail": "", "duration_s": 0.01,
+            "peak_rss_mb": 1.0, "via": "cold",
+            "repro": f"loadfuzz run --cold {mode}:{paths[first]} {mode}:{paths[second]}"}
+
+
+def test_a_pair_whose_two_modes_fell_to_different_shards_is_in_interposition(tmp_path):
+    # the work list: (plugin, kq) global, (kq, plugin) global, (plugin, kq) local, (kq, plugin) local
+    shard_folder(tmp_path / "s1", "1/3", [pair(PLUGIN, KQ, "global", "abort"),
+                                          pair(KQ, PLUGIN, "local")])
+    shard_folder(tmp_path / "s2", "2/3", [pair(KQ, PLUGIN, "global")])
+    shard_folder(tmp_path / "s3", "3/3", [pair(PLUGIN, KQ, "local")])
+    summary, records = merge.merge([tmp_path / f"s{k}" for k in (1, 2, 3)], tmp_path / "merged")
+    assert [(r.sequence[0].lib, r.sequence[0].flags.value) for r in records] == [
+        (PLUGIN, "global"), (KQ, "global"), (PLUGIN, "local"), (KQ, "local")]
+    reader = ElfReader()
+    symbols = list(shared_definitions(reader.facts(LEGACY_PLUGIN), reader.facts(QUANTIZED)))
+    assert summary["interposition"] == [{"first": PLUGIN, "second": KQ, "global": "abort",
+                                         "local": "clean", "shared_symbols": symbols}]
+    assert summary["throughput"] == 10.0 and summary["servers"] == {"servers": 3}
+    with pytest.raises(UsageError, match="already holds results"):
+        merge.merge([tmp_path / f"s{k}" for k in (1, 2, 3)], tmp_path / "merged")

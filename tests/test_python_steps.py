@@ -1,0 +1,126 @@
+"""Python steps load as Python does: `py:` imports an extension under its qualified module
+name (parent packages first), `import:NAME` imports a module by name, and the `python` flags
+mode loads each library the way Python code would. Checked against real CPython running the
+same imports, pair by pair, over the wheel's extension modules."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from loadfuzz.run.pycode import module_name
+from support import ET, FIXTURES, LEGACY_PLUGIN, SITE, loadfuzz
+
+AOT = ET / "kernels" / "quantized" / "libquantized_ops_aot_lib.so"
+
+
+def extension_modules():
+    return sorted(ET.rglob("*.cpython-311-x86_64-linux-gnu.so"))
+
+
+def qualified(path: Path) -> str:
+    return ".".join(path.relative_to(SITE).with_suffix("").with_suffix("").parts)
+
+
+def cpython(source: str) -> tuple[str, str]:
+    """What real CPython does with `source`: ("clean", ""), ("signal", number) or ("raised",
+    what it printed: the traceback, with the exception chain)."""
+    done = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True,
+                          timeout=120)
+    if done.returncode == 0:
+        return "clean", ""
+    if done.returncode < 0:
+        return "signal", str(-done.returncode)
+    return "raised", done.stderr
+
+
+def agree(record: dict, real: tuple[str, str]) -> bool:
+    """Clean, killed by the same signal, or an exception whose line loadfuzz reports (the
+    exception, or the line of it a signature named) is the one CPython printed."""
+    if record["outcome"] == "clean" or record["signal"] is not None:
+        mine = ("clean", "") if record["outcome"] == "clean" else ("signal", str(record["signal"]))
+        return mine == real
+    return real[0] == "raised" and record["outcome"] in ("load-error", "reregister") and (
+        record["detail"] in real[1])
+
+
+def test_an_extension_is_named_as_import_finds_it_from_sys_path():
+    data_loader = ET / "extension" / "pybindings" / "data_loader.cpython-311-x86_64-linux-gnu.so"
+    assert module_name(data_loader, [str(SITE)]) == (
+        "executorch.extension.pybindings.data_loader", None)
+    # from a deeper entry too, the longest dotted name wins: its packages are imported first
+    assert module_name(data_loader, [str(ET / "extension"), str(SITE)])[0] == (
+        "executorch.extension.pybindings.data_loader")
+    outside = FIXTURES / "signatures" / "fxdup.cpython-311-x86_64-linux-gnu.so"
+    assert module_name(outside, [str(SITE)]) == ("fxdup", outside.parent)
+
+
+@pytest.fixture(scope="module")
+def python_matrix(tmp_path_factory):
+    out = tmp_path_factory.mktemp("python-matrix")
+    done = loadfuzz("matrix", "executorch", "--select", "*.cpython-311-x86_64-linux-gnu.so",
+                    "--flags", "python", "--out", out, "--json")
+    assert done.returncode in (0, 1), done.stderr
+    return [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
+
+
+def test_python_mode_imports_every_pair_of_extensions_as_cpython_does(python_matrix):
+    by_id = {path.relative_to(ET).as_posix(): path for path in extension_modules()}
+    assert len(python_matrix) == len(by_id) * (len(by_id) - 1)
+    differ = []
+    for record in python_matrix:
+        first, second = (by_id[step["lib"]] for step in record["sequence"])
+        assert {step["flags"] for step in record["sequence"]} == {"python"}
+        assert {step["kind"] for step in record["sequence"]} == {"import"}
+        real = cpython(f"import {qualified(first)}; import {qualified(second)}")
+        if not agree(record, real):
+            differ.append((first.name, second.name, record["outcome"], record["detail"], real))
+    assert differ == []
+
+
+def test_the_pair_that_cried_wolf_imports_cleanly_under_its_qualified_names():
+    """data_loader then _C: imported by file under their bare names, _C bound data_loader's
+    pybind11 types a second time; imported as CPython does, it finds them in sys.modules."""
+    pybindings = ET / "extension" / "pybindings"
+    steps = [f"py:{pybindings / name}" for name in ("data_loader.cpython-311-x86_64-linux-gnu.so",
+                                                     "_C.cpython-311-x86_64-linux-gnu.so")]
+    for order in (steps, steps[::-1]):
+        done = loadfuzz("run", "--json", *order)
+        assert json.loads(done.stdout)["outcome"] == "clean", done.stdout
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_export_plugins_load_through_torch_ops_load_library_and_collide_as_in_cpython(reverse):
+    pair = [AOT, LEGACY_PLUGIN][::-1 if reverse else 1]
+    done = loadfuzz("run", "--json", *(f"python:{path}" for path in pair))
+    record = json.loads(done.stdout)
+    real = cpython(f"import torch; torch.ops.load_library({str(pair[0])!r}); "
+                   f"torch.ops.load_library({str(pair[1])!r})")
+    assert real == ("signal", "6") and agree(record, real)
+    assert (record["outcome"], record["signature"], record["step"]) == (
+        "reregister", "executorch-reregister", 1)
+
+
+def test_import_by_name_records_the_exception_and_a_missing_module_is_its_own_signature():
+    done = loadfuzz("run", "--json", "import:json", "import:loadfuzz_no_such_module")
+    record = json.loads(done.stdout)
+    assert done.returncode == 1
+    assert record["sequence"][1] == {"kind": "module", "lib": "loadfuzz_no_such_module",
+                                     "flags": "python"}
+    assert (record["outcome"], record["step"], record["signature"], record["op"]) == (
+        "load-error", 1, "python-missing-module", "loadfuzz_no_such_module")
+    assert record["detail"] == "ModuleNotFoundError: No module named 'loadfuzz_no_such_module'"
+    assert "import:loadfuzz_no_such_module" in record["repro"]
+
+
+def test_a_missing_python_dependency_is_an_environment_problem_not_an_unexpected_finding(tmp_path):
+    done = loadfuzz("matrix", FIXTURES / "environment", "--flags", "python", "--out", tmp_path,
+                    "--json")
+    summary = json.loads(done.stdout)
+    assert done.returncode == 0, done.stderr
+    assert summary["unexpected"] == [] and len(summary["environment"]) == 2
+    assert {r["op"] for r in summary["environment"]} == {
+        "loadfuzz_fixture_dependency_nobody_installed"}
+    assert "## Environment problems (2)" in (tmp_path / "report.md").read_text()
