@@ -51,8 +51,10 @@ lint: setup
 demo: all $(LEGACY_PLUGIN)
 	$(VENV)/bin/loadfuzz matrix executorch --add $(LEGACY_PLUGIN) --expect results/expectations/executorch.toml
 
+# The whole commands as users run them against the plain way (tools/plain.c, built with $(CC))
+# on every core; about 5 minutes on 2 cores. Prints times, never asserts one.
 bench: all
-	$(PY) tools/bench.py
+	CC="$(CC)" $(PY) tools/bench.py
 
 clean:
 	rm -rf $(BUILD)
