@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import shlex
-import signal
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -29,14 +28,6 @@ from loadfuzz.model import Sequence as Steps
 from loadfuzz.results import ResultsFolder, default_out, utc_now
 from loadfuzz.run.trials import Trials, run_all
 from loadfuzz.settings import CampaignSettings
-
-
-class Stopped(KeyboardInterrupt):
-    """The campaign was stopped by a signal (SIGINT, SIGTERM, SIGHUP): finished trials are kept."""
-
-    def __init__(self, signum: int = signal.SIGINT):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
 
 
 class Watcher(Protocol):
@@ -106,7 +97,7 @@ def prepare(settings: CampaignSettings, command: str, suffix: str = "",
         raise UsageError("--resume needs --out DIR, the folder of the campaign to continue")
     inv, libs = settings.target.load()
     expectations = settings.expectations()
-    out = settings.out or default_out(inv.name, inv.version, suffix)
+    out = settings.out or default_out(inv.folder_name, suffix)
     folder = ResultsFolder(out, settings.resume, inv.locate)
     earlier = Baseline.read(baseline) if baseline is not None else None
     return Prepared(settings, command, inv, libs, expectations, folder, earlier)
@@ -160,6 +151,7 @@ def summarize(campaign: Prepared, records: Iterable[TrialRecord], findings: Sequ
                                                       [r.to_json() for r in records])
     return {
         "target": campaign.inv.target,
+        "targets": list(campaign.inv.labels),
         "libraries": [lib.id for lib in campaign.libs],
         "flags": [mode.value for mode in campaign.settings.flags],
         "trials": len(records),

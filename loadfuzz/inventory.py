@@ -103,6 +103,7 @@ class Library:
         """The library as `scan --json` lists it."""
         return {
             "id": self.id,
+            "path": str(self.path),
             "role": self.role.value,
             "soname": self.soname,
             "needed": list(self.needed),
@@ -117,13 +118,26 @@ class Library:
 
 @dataclass(frozen=True)
 class Inventory:
-    target: str  # the TARGET as given
+    target: str  # the TARGET as given (several: joined by spaces; --env: "--env")
     name: str  # short name for folder names
     version: str | None
     root: Path
     libraries: tuple[Library, ...]  # sorted by id
     warnings: tuple[str, ...]
     link_map: LinkMap = field(compare=False, repr=False, default=LinkMap({}, {}))
+    labels: tuple[str, ...] = ()  # with several targets: `<name>-<version>` of each, the ids' prefix
+
+    @property
+    def folder_name(self) -> str:
+        """The results folder's name for this inventory: `<name>-<version>`, or the labels."""
+        if self.labels:
+            return self.name
+        return f"{self.name}-{self.version or 'unversioned'}"
+
+    def target_of(self, lib_id: str) -> str | None:
+        """The label of the target a library id belongs to (several targets), else None."""
+        head = lib_id.split("/", 1)[0]
+        return head if head in self.labels else None
 
     def get(self, lib_id: str) -> Library:
         for lib in self.libraries:
@@ -131,15 +145,19 @@ class Inventory:
                 return lib
         raise UsageError(f"no library {lib_id!r} in {self.target}")
 
-    def select(self, globs: Sequence[str]) -> tuple[Library, ...]:
-        """The libraries whose id matches any glob; all without globs; a glob matching none is an error."""
-        if not globs:
-            return self.libraries
-        for pattern in globs:
-            if not any(fnmatch.fnmatchcase(lib.id, pattern) for lib in self.libraries):
-                raise UsageError(f"--select {pattern!r} matches no library of {self.target}")
-        return tuple(lib for lib in self.libraries
-                     if any(fnmatch.fnmatchcase(lib.id, pattern) for pattern in globs))
+    def select(self, globs: Sequence[str], exclude: Sequence[str] = ()) -> tuple[Library, ...]:
+        """The libraries whose id matches any of `globs` (all without any) and none of `exclude`;
+        a glob that matches no library is an error, and so is selecting none."""
+        for option, patterns in (("--select", globs), ("--exclude", exclude)):
+            for pattern in patterns:
+                if not any(fnmatch.fnmatchcase(lib.id, pattern) for lib in self.libraries):
+                    raise UsageError(f"{option} {pattern!r} matches no library of {self.target}")
+        chosen = tuple(lib for lib in self.libraries
+                       if (not globs or any(fnmatch.fnmatchcase(lib.id, p) for p in globs))
+                       and not any(fnmatch.fnmatchcase(lib.id, p) for p in exclude))
+        if not chosen:
+            raise UsageError(f"--select and --exclude leave no library of {self.target}")
+        return chosen
 
     def locate(self, lib_id: str) -> Path:
         return self.get(lib_id).path
@@ -162,6 +180,33 @@ def load_target(target: str, add: Sequence[Path] = (), reader: ElfReader | None 
                  strict=found.single, reader=reader)
 
 
+def load_targets(names: Sequence[str], add: Sequence[Path] = (), env: bool = False,
+                 reader: ElfReader | None = None) -> Inventory:
+    """Inventory one or several targets, or the whole environment (`env`), in one campaign.
+
+    One target keeps its ids (`lib/x.so`). With several, or `env`, a library's id is
+    `<name>-<version>/<path in its target>`, and a library of one target that NEEDs another
+    target's is resolved as the installed layout resolves it (one link map over all).
+    """
+    if len(names) == 1 and not env:
+        return load_target(names[0], add, reader)
+    if not names and not env:
+        raise UsageError("give a TARGET (one or several), or --env")
+    found = [targets.locate(name) for name in names] + (targets.environment() if env else [])
+    files: dict[str, Path] = {}
+    labels: list[str] = []
+    for target in found:
+        if target.label in labels:
+            continue  # named twice (or by name and by --env): once is enough
+        labels.append(target.label)
+        files |= {f"{target.label}/{lib_id}": path for lib_id, path in target.files.items()}
+    roots = [str(target.root) for target in found]
+    name = "env" if env and not names else "+".join(labels)
+    return build(" ".join([*names, *(["--env"] if env else [])]), name, None,
+                 Path(os.path.commonpath(roots)) if roots else Path("/"), files, add,
+                 strict=False, reader=reader, labels=tuple(labels))
+
+
 def load_libraries(paths: Sequence[Path], reader: ElfReader | None = None) -> Inventory:
     """An inventory of loose libraries, each with its path (as given) for id."""
     files = {str(path): Path(os.path.abspath(path)) for path in paths}
@@ -170,7 +215,8 @@ def load_libraries(paths: Sequence[Path], reader: ElfReader | None = None) -> In
 
 
 def build(target: str, name: str, version: str | None, root: Path, files: Mapping[str, Path],
-          add: Sequence[Path], strict: bool, reader: ElfReader | None = None) -> Inventory:
+          add: Sequence[Path], strict: bool, reader: ElfReader | None = None,
+          labels: tuple[str, ...] = ()) -> Inventory:
     reader = reader or ElfReader(ElfCache.default())
     warnings: list[str] = []
     chosen: dict[str, ElfFacts] = {}
@@ -198,7 +244,7 @@ def build(target: str, name: str, version: str | None, root: Path, files: Mappin
     owners = {facts.identity: lib_id for lib_id, facts in chosen.items()}
     libraries = tuple(describe(lib_id, facts, link_map, owners, reader)
                       for lib_id, facts in sorted(chosen.items()))
-    return Inventory(target, name, version, root, libraries, tuple(warnings), link_map)
+    return Inventory(target, name, version, root, libraries, tuple(warnings), link_map, labels)
 
 
 def describe(lib_id: str, facts: ElfFacts, link_map: LinkMap,

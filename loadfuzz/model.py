@@ -298,3 +298,11 @@ class TrialRecord:
 
 class UsageError(Exception):
     """Bad usage or bad input: the CLI prints the message as one line and exits 2."""
+
+
+class Stopped(KeyboardInterrupt):
+    """A command was stopped by a signal (SIGINT, SIGTERM, SIGHUP): finished trials are kept."""
+
+    def __init__(self, signum: int = signals.SIGINT):
+        super().__init__(signals.Signals(signum).name)
+        self.signum = signum

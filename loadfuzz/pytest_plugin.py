@@ -79,7 +79,7 @@ class PairCheck:
         try:
             expect = option("loadfuzz_expect")
             settings = CampaignSettings(
-                TargetSpec(option("loadfuzz"), tuple(Path(p) for p in option("loadfuzz_add")),
+                TargetSpec((option("loadfuzz"),), tuple(Path(p) for p in option("loadfuzz_add")),
                            tuple(option("loadfuzz_select"))),
                 flags=Flags.parse_list(option("loadfuzz_flags")),
                 expect=Path(expect) if expect else None)

@@ -38,10 +38,10 @@ def utc_now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def default_out(name: str, version: str | None, suffix: str = "") -> Path:
-    """results/<name>-<version>/<UTC time><suffix>/"""
+def default_out(folder_name: str, suffix: str = "") -> Path:
+    """results/<name>-<version>/<UTC time><suffix>/ (see Inventory.folder_name)"""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    return Path("results") / f"{name}-{version or 'unversioned'}" / f"{stamp}{suffix}"
+    return Path("results") / folder_name / f"{stamp}{suffix}"
 
 
 class ResultsFolder:

@@ -19,16 +19,19 @@ from loadfuzz.run.trials import Trials
 
 @dataclass(frozen=True)
 class TargetSpec:
-    """Which libraries: a TARGET, extra libraries (`--add`) and id globs (`--select`)."""
+    """Which libraries: one or several TARGETs or the whole environment (`--env`), extra
+    libraries (`--add`), and id globs to keep (`--select`) and to leave out (`--exclude`)."""
 
-    target: str
+    targets: tuple[str, ...]
     add: tuple[Path, ...] = ()
     select: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    env: bool = False
 
     def load(self) -> tuple[inventory.Inventory, tuple[inventory.Library, ...]]:
-        """The target's inventory and the selected libraries; UsageError on bad input."""
-        inv = inventory.load_target(self.target, self.add)
-        return inv, inv.select(self.select)
+        """The targets' inventory and the selected libraries; UsageError on bad input."""
+        inv = inventory.load_targets(self.targets, self.add, self.env)
+        return inv, inv.select(self.select, self.exclude)
 
 
 @dataclass(frozen=True)

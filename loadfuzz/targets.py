@@ -41,6 +41,11 @@ class TargetFiles:
     files: Mapping[str, Path]  # id -> file
     single: bool  # one library given on its own: it must be readable
 
+    @property
+    def label(self) -> str:
+        """`<name>-<version>`: the first part of its libraries' ids in a campaign of several."""
+        return f"{self.name}-{self.version or 'unversioned'}"
+
 
 def locate(target: str) -> TargetFiles:
     """The files of a .whl, a directory, an installed distribution or one .so; UsageError if none."""
@@ -84,6 +89,32 @@ def installed_distribution(name: str) -> tuple[Path, str, str | None, list[Path]
         dist = importlib.metadata.distribution(name)
     except importlib.metadata.PackageNotFoundError:
         raise UsageError(f"no such file, directory or installed distribution: {name}") from None
+    return distribution_files(dist, name)
+
+
+def environment() -> list[TargetFiles]:
+    """Every distribution installed in this environment that ships shared libraries, by name
+    (`--env`); the first of two distributions with one name wins, as importlib has it."""
+    found, seen = [], set()
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"]
+        if not name or name.lower() in seen:
+            continue
+        seen.add(name.lower())
+        if not any(parts and SO_FILE.fullmatch(parts[-1]) for parts in recorded_parts(dist)):
+            continue
+        try:
+            root, name, version, candidates = distribution_files(dist, name)
+        except UsageError:
+            continue  # it lists libraries but ships none here (symlinks, files outside it)
+        files = {posixpath.join(*p.relative_to(root).parts): p for p in candidates}
+        found.append(TargetFiles(name, name, version, root, files, single=False))
+    return sorted(found, key=lambda t: t.name.lower())
+
+
+def distribution_files(dist: importlib.metadata.Distribution, name: str,
+                       ) -> tuple[Path, str, str | None, list[Path]]:
+    """(root, name, version, library files) of an installed distribution."""
     records = [parts for parts in recorded_parts(dist) if parts and ".." not in parts]
     base = Path(dist.locate_file(""))
     top_level = {parts[0] for parts in records if not parts[0].endswith((".dist-info", ".data"))}

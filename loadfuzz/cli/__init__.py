@@ -12,10 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from loadfuzz import hostenv
-from loadfuzz.campaign import Stopped
 from loadfuzz.cli.commands import COMMANDS, CouldNotFinish
 from loadfuzz.cli.parser import build_parser
-from loadfuzz.model import UsageError
+from loadfuzz.model import Stopped, UsageError
 
 COULD_NOT_FINISH = 3
 

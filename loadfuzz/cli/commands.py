@@ -32,13 +32,16 @@ def limits_of(args: argparse.Namespace) -> Limits:
     return Limits(timeout_s=args.timeout, mem_mb=args.mem, at_exit=args.at_exit)
 
 
-def campaign_settings(args: argparse.Namespace) -> CampaignSettings:
+def campaign_settings(args: argparse.Namespace, targets: list[str] | None = None,
+                      ) -> CampaignSettings:
     """The settings every campaign command shares, from its arguments."""
     from loadfuzz.settings import CampaignSettings, RunSettings, TargetSpec
 
-    defaults = CampaignSettings(TargetSpec(args.target))
+    defaults = CampaignSettings(TargetSpec(()))
     return CampaignSettings(
-        target=TargetSpec(args.target, tuple(args.add), tuple(getattr(args, "select", ()))),
+        target=TargetSpec(tuple(args.targets if targets is None else targets), tuple(args.add),
+                          tuple(getattr(args, "select", ())), tuple(getattr(args, "exclude", ())),
+                          args.env),
         run=RunSettings(limits_of(args), args.cold, getattr(args, "jobs", defaults.run.jobs)),
         flags=getattr(args, "flags", defaults.flags),
         expect=getattr(args, "expect", None),
@@ -82,7 +85,7 @@ def failing_into(campaign: Prepared) -> Iterator[None]:
 
 def interrupted(campaign: Prepared, stop: KeyboardInterrupt) -> int:
     """The line a stopped campaign leaves, and its exit status (128 + the signal)."""
-    from loadfuzz.campaign import Stopped
+    from loadfuzz.model import Stopped
 
     signum = stop.signum if isinstance(stop, Stopped) else signal.SIGINT
     resume = campaign.resume_command()
@@ -96,7 +99,7 @@ def interrupted(campaign: Prepared, stop: KeyboardInterrupt) -> int:
 def cmd_scan(args: argparse.Namespace) -> int:
     from loadfuzz import inventory, predict
 
-    inv = inventory.load_target(args.target, args.add)
+    inv = inventory.load_targets(args.targets, args.add, args.env)
     predictions = predict.predict(inv)
     if args.json:
         printing.print_json(printing.scan_json(inv, predictions))
@@ -172,13 +175,21 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     return exit_status(summary, args.fail_on)
 
 
-def message_of(args: argparse.Namespace) -> str:
-    if (args.message is None) == (args.log is None):
-        raise UsageError("give either a MESSAGE or --log FILE (not both)")
+def message_of(args: argparse.Namespace) -> tuple[str, list[str]]:
+    """repro's input: the message (its first word, or --log's text) and the targets."""
     if args.log is None:
-        return args.message
+        if not args.words:
+            raise UsageError("give either a MESSAGE or --log FILE")
+        return args.words[0], args.words[1:]
+    if len(args.words) > 1:  # a message beside --log reads as a first target that is none
+        from loadfuzz import targets
+
+        try:
+            targets.locate(args.words[0])
+        except UsageError:
+            raise UsageError("give either a MESSAGE or --log FILE (not both)") from None
     try:
-        return args.log.read_text(encoding="utf-8", errors="replace")
+        return args.log.read_text(encoding="utf-8", errors="replace"), args.words
     except OSError as exc:
         raise UsageError(f"--log {args.log}: {exc.strerror or exc}") from None
 
@@ -187,8 +198,9 @@ def cmd_repro(args: argparse.Namespace) -> int:
     from loadfuzz.campaign import prepare
     from loadfuzz.search import repro
 
-    message = repro.read_message(message_of(args))
-    campaign = prepare(campaign_settings(args), "repro", suffix="-repro")
+    text, targets = message_of(args)
+    message = repro.read_message(text)
+    campaign = prepare(campaign_settings(args, targets), "repro", suffix="-repro")
     try:
         with failing_into(campaign):
             result = repro.reproduce(campaign, message, Progress("repro"))

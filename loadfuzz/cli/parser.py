@@ -18,7 +18,9 @@ EXAMPLES = {
     "scan": """examples:
   loadfuzz scan executorch
   loadfuzz scan executorch --add build/fixtures/legacy/libquantized_ops_legacy_plugin.so --json
-  loadfuzz scan dist/mypkg-1.0-cp311-cp311-linux_x86_64.whl""",
+  loadfuzz scan dist/mypkg-1.0-cp311-cp311-linux_x86_64.whl
+  loadfuzz scan executorch torch
+  loadfuzz scan --env --json""",
     "run": """examples:
   loadfuzz run --json .venv/lib/python3.11/site-packages/executorch/lib/libexecutorch.so
   loadfuzz run --target executorch lib/libexecutorch_kernels_quantized.so local:extra/plugin.so
@@ -106,14 +108,23 @@ def build_parser() -> Parser:
         sub.add_argument("--cold", action="store_true",
                          help="one fresh process per trial, no fork server")
 
-    def target(sub: Parser, campaign: bool = True) -> None:
-        sub.add_argument("target", metavar="TARGET",
-                         help="a .whl, a directory, or an installed distribution's name")
+    def targets(sub: Parser, positional: bool = True) -> None:
+        if positional:
+            sub.add_argument("targets", nargs="*", metavar="TARGET",
+                             help="a .whl, a directory, or an installed distribution's name; "
+                                  "several make one campaign (ids <name>-<version>/<path>)")
+        sub.add_argument("--env", action="store_true",
+                         help="every installed distribution that ships shared libraries")
         sub.add_argument("--add", action="append", default=[], type=Path, metavar="LIB",
                          help="an extra library (id extra/<file name>); repeatable")
+
+    def target(sub: Parser, campaign: bool = True, positional: bool = True) -> None:
+        targets(sub, positional)
         if campaign:
             sub.add_argument("--select", action="append", default=[], metavar="GLOB",
                              help="only the libraries whose id matches; repeatable")
+            sub.add_argument("--exclude", action="append", default=[], metavar="GLOB",
+                             help="not the libraries whose id matches; repeatable")
             sub.add_argument("--flags", type=flags_list, default=(Flags.GLOBAL, Flags.LOCAL),
                              metavar="MODES", help="flags modes, e.g. global,local (default)")
             sub.add_argument("--expect", type=Path, metavar="FILE",
@@ -132,9 +143,8 @@ def build_parser() -> Parser:
         sub.add_argument("--json", action="store_true", help="print JSON")
         limits(sub)
 
-    sub = command("scan", "Inventory a target and predict which load orders collide.")
-    sub.add_argument("target", metavar="TARGET")
-    sub.add_argument("--add", action="append", default=[], type=Path, metavar="LIB")
+    sub = command("scan", "Inventory targets and predict which load orders collide.")
+    targets(sub)
     sub.add_argument("--json", action="store_true")
 
     sub = command("run", "Run one load order in a fresh, isolated process.")
@@ -161,9 +171,10 @@ def build_parser() -> Parser:
     sub.add_argument("--db", type=Path, default=Path("results/.hypothesis"), metavar="DIR")
 
     sub = command("repro", "Reproduce a reported abort from its message or a log.")
-    sub.add_argument("message", nargs="?", metavar="MESSAGE")
+    sub.add_argument("words", nargs="*", metavar="[MESSAGE] TARGET",
+                     help="the abort line (unless --log), then the target(s)")
     sub.add_argument("--log", type=Path, metavar="FILE")
-    target(sub, campaign=False)
+    target(sub, campaign=False, positional=False)
 
     sub = command("merge", "Merge the results folders of the shards of one campaign into one.")
     sub.add_argument("folders", nargs="+", type=Path, metavar="DIR",

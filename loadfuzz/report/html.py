@@ -109,13 +109,13 @@ def _tooltip(campaign: CampaignView, first: str, second: str, mode: str,
 
 
 def _html_cell(campaign: CampaignView, first: str, second: str, mode: str, col: int,
-               record: Mapping[str, Any] | None) -> str:
+               record: Mapping[str, Any] | None, edge: bool = False) -> str:
     if record is None:
         state = status = "diagonal" if first == second else "not-run"
     else:
         state, status = record["outcome"], campaign.status(record)
     attrs = _attrs(
-        class_=f"{state} {status}",
+        class_=f"{state} {status}" + (" target-start" if edge else ""),
         data_first=first, data_second=second, data_flags=mode, data_outcome=state,
         data_status=status, data_col=col,
         title=_tooltip(campaign, first, second, mode, record),
@@ -125,8 +125,10 @@ def _html_cell(campaign: CampaignView, first: str, second: str, mode: str, col: 
 
 def _html_panel(campaign: CampaignView, mode: str, libraries: list[str],
                 pairs: Mapping[tuple[str, str, str], Mapping[str, Any]]) -> str:
+    starts = target_starts(campaign, libraries)
     head = "".join(
-        f'<th class="col"{_attrs(title=lib, data_col=c)}><div>'
+        f'<th class="col{" target-start" if c in starts else ""}"'
+        f'{_attrs(title=lib, data_col=c)}><div>'
         f'<span class="num">{c + 1}</span> {_e(short_name(lib))}</div></th>'
         for c, lib in enumerate(libraries)
     )
@@ -137,10 +139,12 @@ def _html_panel(campaign: CampaignView, mode: str, libraries: list[str],
                  + (f'<span class="dir">{_e(directory)}/</span>' if directory else "")
                  + _e(name))
         cells = "".join(
-            _html_cell(campaign, first, second, mode, c, pairs.get((first, second, mode)))
+            _html_cell(campaign, first, second, mode, c, pairs.get((first, second, mode)),
+                       edge=c in starts)
             for c, second in enumerate(libraries)
         )
-        rows.append(f'<tr><th class="row"{_attrs(title=first)}>{label}</th>{cells}</tr>')
+        row_class = ' class="target-start"' if r in starts else ""
+        rows.append(f'<tr{row_class}><th class="row"{_attrs(title=first)}>{label}</th>{cells}</tr>')
     meaning = FLAGS_MEANING.get(mode, "steps with different flags")
     return (
         f'<section class="panel"{_attrs(data_flags=mode)}>'
@@ -149,6 +153,15 @@ def _html_panel(campaign: CampaignView, mode: str, libraries: list[str],
         '<th class="corner">first &darr; &nbsp; then &rarr;</th>'
         f"{head}</tr></thead><tbody>\n" + "\n".join(rows) + "\n</tbody></table></section>"
     )
+
+
+def target_starts(campaign: CampaignView, libraries: list[str]) -> set[int]:
+    """With several targets, the positions where the next target's libraries begin: thick
+    lines there frame each target's block, so the blocks across targets stand out."""
+    labels = set(campaign.summary.get("targets") or ())
+    owners = [lib.split("/", 1)[0] if lib.split("/", 1)[0] in labels else None
+              for lib in libraries]
+    return {i for i in range(1, len(owners)) if labels and owners[i] != owners[i - 1]}
 
 
 def _html_findings(campaign: CampaignView) -> str:

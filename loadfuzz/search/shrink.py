@@ -32,7 +32,8 @@ class Identity:
 
     @classmethod
     def of(cls, record: TrialRecord) -> Identity:
-        libs = frozenset(s.lib for s in record.sequence[:(record.step or 0) + 1])
+        ended = record.sequence if record.step is None else record.sequence[:record.step + 1]
+        libs = frozenset(s.lib for s in ended)  # every step when it failed after the last
         return cls(record.outcome.value, record.signature, record.op, libs)
 
     def rough(self, record: TrialRecord) -> tuple:

@@ -1,0 +1,131 @@
+"""One campaign over several targets or a whole environment: ids say whose library it is,
+libraries of one target that need another's resolve as installed, and the collisions found
+across packages are those a plain one-process-per-pair harness sees."""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from loadfuzz import hostenv
+from support import ROOT, loadfuzz
+
+OLD_RELEASE = ROOT / "build" / "wheels" / "executorch-1.4.1-cp311-cp311-manylinux_2_28_x86_64.whl"
+ALPHA, BETA = "loadfuzz-fixture-alpha-1.0", "loadfuzz-fixture-beta-1.0"
+PLAIN_HARNESS = r"""
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+int main(int argc, char **argv) {  /* plain MODE LIBPYTHON A B: as a Python process has it,
+                                      libpython first, then A and B with RTLD_NOW | MODE */
+    int mode = RTLD_NOW | (strcmp(argv[1], "global") ? RTLD_LOCAL : RTLD_GLOBAL);
+    if (!dlopen(argv[2], RTLD_NOW | RTLD_GLOBAL)) return 99;
+    for (int i = 3; i < argc; i++)
+        if (!dlopen(argv[i], mode)) { fprintf(stderr, "%s\n", dlerror()); return 100 + i - 3; }
+    return 0;
+}
+"""
+
+
+def findings_of(summary):
+    return sorted((tuple(s["lib"] for s in r["sequence"]), r["sequence"][0]["flags"], r["outcome"],
+                   r["op"]) for r in summary["findings"])
+
+
+def test_scan_of_the_environment_finds_every_distribution_that_ships_libraries():
+    done = loadfuzz("scan", "--env", "--json")
+    assert done.returncode == 0, done.stderr
+    ids = [lib["id"] for lib in json.loads(done.stdout)["libraries"]]
+    for prefix in ("torch-2.13.0", "executorch-1.5.1/", f"{ALPHA}/", f"{BETA}/"):
+        assert any(lib.startswith(prefix) for lib in ids), prefix
+    assert f"{ALPHA}/libfxalpha_ops.so" in ids
+
+
+def test_two_packages_collide_in_both_orders_under_both_flags_and_nothing_else(tmp_path):
+    done = loadfuzz("matrix", "loadfuzz-fixture-alpha", "loadfuzz-fixture-beta",
+                    "--out", tmp_path / "out", "--json")
+    assert done.returncode == 1, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["targets"] == [ALPHA, BETA]
+    a, b = f"{ALPHA}/libfxalpha_ops.so", f"{BETA}/libfxbeta_ops.so"
+    assert findings_of(summary) == sorted(
+        ((first, second), mode, "reregister", "fxdist::shared_op.out")
+        for first, second in ((a, b), (b, a)) for mode in ("global", "local"))
+    page = (tmp_path / "out" / "matrix.html").read_text()
+    assert "target-start" in page  # the targets' blocks are framed
+    assert (tmp_path / "out").parent.name != "results"  # --out was honoured
+
+
+def test_the_environment_campaign_finds_the_cross_package_collision_and_nothing_else(tmp_path):
+    done = loadfuzz("matrix", "--env", "--exclude", "torch-*", "--exclude", "executorch-*",
+                    "--out", tmp_path / "out", "--json")
+    assert done.returncode == 1, done.stderr
+    summary = json.loads(done.stdout)
+    assert ALPHA in summary["targets"] and BETA in summary["targets"]
+    assert {lib.split("/")[0] for r in summary["findings"] for lib in
+            (s["lib"] for s in r["sequence"])} == {ALPHA, BETA}
+    assert len(summary["findings"]) == 4
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("plain")
+    (folder / "plain.c").write_text(PLAIN_HARNESS)
+    subprocess.run(["gcc", "-o", str(folder / "plain"), str(folder / "plain.c"), "-ldl"],
+                   check=True)
+    return folder / "plain"
+
+
+def plain_verdict(plain, mode, first, second):
+    """What a plain process that dlopens the pair says: clean, a signal, or a failed dlopen.
+    It finds torch's libraries as a process of this environment does."""
+    env = {"PATH": os.environ["PATH"], "LD_LIBRARY_PATH": str(hostenv.torch_lib_dir())}
+    done = subprocess.run([str(plain), mode, str(hostenv.libpython_path()), str(first),
+                           str(second)], capture_output=True, env=env, timeout=60)
+    if done.returncode < 0:
+        return f"signal {-done.returncode}"
+    return {0: "clean", 100: "load-error at 0", 101: "load-error at 1"}.get(
+        done.returncode, f"exit {done.returncode}")
+
+
+def loadfuzz_verdict(record):
+    if record["outcome"] == "clean":
+        return "clean"
+    if record["signal"] is not None:
+        return f"signal {record['signal']}"
+    if record["outcome"] == "load-error":
+        return f"load-error at {record['step']}"
+    return f"exit {record['exit_code']}"
+
+
+def test_two_releases_of_one_runtime_agree_with_a_plain_harness_on_every_cross_pair(
+        tmp_path, plain):
+    assert OLD_RELEASE.exists(), "make fixtures downloads the earlier release"
+    new, old = "executorch-1.5.1", "executorch-1.4.1"
+    # the quantized kernels of both releases (1.4.1 has no lib/ yet) and the pybindings
+    chosen = [f"{new}/lib/libexecutorch.so", f"{new}/lib/libexecutorch_kernels_quantized.so",
+              *(f"{release}/{part}" for release in (new, old)
+                for part in ("kernels/quantized/*", "extension/pybindings/*"))]
+    done = loadfuzz("matrix", "executorch", OLD_RELEASE,
+                    *(word for glob in chosen for word in ("--select", glob)),
+                    "--out", tmp_path / "out", "--json")
+    assert done.returncode in (0, 1), done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["targets"] == [new, old]
+    scan = json.loads(loadfuzz("scan", "executorch", OLD_RELEASE, "--json").stdout)
+    paths = {lib["id"]: lib["path"] for lib in scan["libraries"]}
+    records = [json.loads(line) for line in (tmp_path / "out" / "trials.jsonl").read_text()
+               .splitlines()]
+    cross = [r for r in records if len({s["lib"].split("/")[0] for s in r["sequence"]}) == 2]
+    assert cross and len(cross) == 2 * sum(
+        1 for first in summary["libraries"] for second in summary["libraries"]
+        if first.split("/")[0] == new and second.split("/")[0] == old) * 2
+    differ = []
+    for record in cross:
+        first, second = (paths[s["lib"]] for s in record["sequence"])
+        mode = record["sequence"][0]["flags"]
+        mine, theirs = loadfuzz_verdict(record), plain_verdict(plain, mode, first, second)
+        if mine != theirs:
+            differ.append((mode, first, second, mine, theirs))
+    assert differ == []
