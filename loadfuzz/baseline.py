@@ -19,7 +19,6 @@ campaign, another shard's work, a sequence the search did not draw).
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from loadfuzz.model import UsageError, json_key
+from loadfuzz.results import finished_summary
 
 # --fail-on: what makes the exit status 1.
 FAIL_ON = ("unexpected", "new")
@@ -83,18 +83,7 @@ class Baseline:
         if not folder.is_dir():
             raise UsageError(f"{where}: no such folder (give the results folder of an earlier "
                              "matrix or fuzz campaign)")
-        path = folder / "summary.json"
-        if not path.is_file():
-            raise UsageError(f"{where}: not a results folder (no summary.json)")
-        try:
-            summary = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
-            raise UsageError(f"{where}: cannot read summary.json: {exc}") from None
-        if not isinstance(summary, dict) or summary.get("command") not in ("matrix", "fuzz"):
-            raise UsageError(f"{where}: not the results folder of a matrix or fuzz campaign")
-        if summary.get("incomplete"):
-            raise UsageError(f"{where}: the campaign there was stopped before it finished "
-                             "(its summary is incomplete)")
+        summary = finished_summary(folder, where)
         if summary.get("shard") is not None:
             raise UsageError(f"{where}: holds shard {summary['shard']} of a campaign, not the "
                              "whole: merge the shards (loadfuzz merge) and give the merged folder")

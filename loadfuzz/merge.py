@@ -26,7 +26,7 @@ from loadfuzz.elf.read import BadElf, ElfReader
 from loadfuzz.expect import Expectation, classify_findings
 from loadfuzz.model import Flags, Key, Role, TrialRecord, UsageError, json_key, sequence_key, spell_sequence
 from loadfuzz.predict import shared_definitions
-from loadfuzz.results import LOCK, ResultsFolder
+from loadfuzz.results import LOCK, ResultsFolder, finished_summary
 from loadfuzz.search.shrink import Identity, simplicity
 
 # What makes two shards shards of one campaign (besides N): these keys of their summaries.
@@ -72,24 +72,16 @@ def nowhere(lib: str) -> Path:
 
 def read_folder(folder: Path) -> ShardFolder:
     """A finished matrix or fuzz campaign's results folder; UsageError if it is none."""
-    summary_path, trials_path = folder / "summary.json", folder / "trials.jsonl"
-    if not (summary_path.is_file() and trials_path.is_file()):
-        raise UsageError(f"{folder}: not a results folder (no summary.json and trials.jsonl)")
-    try:
-        summary = json.loads(summary_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise UsageError(f"{summary_path}: cannot read it: {exc}") from None
-    if not isinstance(summary, dict) or summary.get("command") not in ("matrix", "fuzz"):
-        raise UsageError(f"{folder}: not the results folder of a matrix or fuzz campaign")
-    if summary.get("incomplete"):
-        raise UsageError(f"{folder}: the campaign there was stopped before it finished "
-                         "(its summary is incomplete); finish it first")
+    trials_path = folder / "trials.jsonl"
+    summary = finished_summary(folder, str(folder))
+    if not trials_path.is_file():
+        raise UsageError(f"{folder}: not a results folder (no trials.jsonl)")
     if "expectations" not in summary:
         raise UsageError(f"{folder}: its summary does not list its expectations (an older "
                          "loadfuzz wrote it); run that shard again")
     lacking = [key for key in SUMMARY_KEYS if key not in summary]
     if lacking:
-        raise UsageError(f"{summary_path}: not a whole summary (no {lacking[0]!r})")
+        raise UsageError(f"{folder / 'summary.json'}: not a whole summary (no {lacking[0]!r})")
     try:
         lines = trials_path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
@@ -106,7 +98,7 @@ def read_folder(folder: Path) -> ShardFolder:
     try:
         return ShardFolder(folder, summary, trials, None if shard is None else plan.Shard.parse(shard))
     except (UsageError, TypeError):
-        raise UsageError(f"{summary_path}: bad shard {shard!r}") from None
+        raise UsageError(f"{folder / 'summary.json'}: bad shard {shard!r}") from None
 
 
 def check_shards(shards: Sequence[ShardFolder]) -> None:

@@ -130,3 +130,21 @@ class ResultsFolder:
         if step_summary:
             with open(step_summary, "a", encoding="utf-8") as file:
                 file.write(report.markdown_summary(summary, trials) + "\n")
+
+
+def finished_summary(folder: Path, where: str) -> dict[str, Any]:
+    """The summary.json of a finished matrix or fuzz campaign in `folder` (for --baseline and
+    merge); UsageError, naming the folder as `where`, when there is none."""
+    path = folder / "summary.json"
+    if not path.is_file():
+        raise UsageError(f"{where}: not a results folder (no summary.json)")
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise UsageError(f"{where}: cannot read summary.json: {exc}") from None
+    if not isinstance(summary, dict) or summary.get("command") not in ("matrix", "fuzz"):
+        raise UsageError(f"{where}: not the results folder of a matrix or fuzz campaign")
+    if summary.get("incomplete"):
+        raise UsageError(f"{where}: the campaign there was stopped before it finished "
+                         "(its summary is incomplete)")
+    return summary
