@@ -129,3 +129,15 @@ def test_two_releases_of_one_runtime_agree_with_a_plain_harness_on_every_cross_p
         if mine != theirs:
             differ.append((mode, first, second, mine, theirs))
     assert differ == []
+
+
+def test_with_torch_under_test_no_fork_server_preloads_any_of_its_libraries():
+    from loadfuzz import inventory
+    from loadfuzz.run.tiers import Tiers
+
+    inv = inventory.load_targets(["torch", "executorch"])
+    under_test = {lib.path.resolve() for lib in inv.libraries}
+    preloaded = {step.path.resolve() for preload in Tiers.of(inv.libraries).preloads
+                 for step in preload}
+    assert any(lib.id.startswith("torch-") for lib in inv.libraries)
+    assert preloaded & under_test == set()
