@@ -169,6 +169,7 @@ def summarize(campaign: Prepared, records: Iterable[TrialRecord], findings: Sequ
         "disagreements": [d.to_json() for d in trials.disagreements],
         "environment": [r.to_json() for r in environment],
         "servers": trials.usage.to_json(),
+        "prediction": predict.agreement(campaign.inv, records),
         "started": started,
         "finished": utc_now(),
         **extra,

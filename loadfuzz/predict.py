@@ -118,7 +118,12 @@ class Process:
             if copy is None:
                 continue
             registry = self.registries.setdefault((kind_name, copy.identity), {})
+            owner = self.library(copy)
+            mentions = (set(dict(owner.registrations).get(kind_name, ()))
+                        if kind.owner_names_are_mentions and owner and owner is not lib else set())
             for op in ops:
+                if op in mentions:
+                    continue  # the owner's own operator: spelled here, defined there
                 if op in registry:
                     earlier = registry[op]
                     shared = sum(1 for other in ops if other in registry)
@@ -177,3 +182,24 @@ def interposition(inv: Inventory, records: Iterable[TrialRecord]) -> list[dict]:
             found.append({"first": first, "second": second, **outcomes,
                           "shared_symbols": list(shared_definitions(*facts))})
     return found
+
+
+MOST_DISAGREEMENTS = 100  # listed in a summary; the count is always whole
+
+
+def agreement(inv: Inventory, records: Iterable[TrialRecord]) -> dict:
+    """How the static prediction fared against what the trials did: the summary's `prediction`.
+    A trial agrees when its outcome and operator are the predicted ones (clean when nothing
+    is predicted); the prediction names no crash, exit or timeout, so those always disagree."""
+    agree, disagree = 0, []
+    for record in records:
+        predicted = replay(inv, record.sequence)
+        if (predicted.outcome, predicted.op) == (record.outcome, record.op):
+            agree += 1
+        else:
+            disagree.append({"sequence": [s.to_json() for s in record.sequence],
+                             "predicted": {"outcome": predicted.outcome.value, "op": predicted.op,
+                                           "why": predicted.why},
+                             "observed": {"outcome": record.outcome.value, "op": record.op}})
+    return {"agree": agree, "disagree_count": len(disagree),
+            "disagree": disagree[:MOST_DISAGREEMENTS]}

@@ -35,6 +35,11 @@ class RegistryKind:
     entry: re.Pattern[str]  # on the qualified name, e.g. "executorch::runtime::register_kernels"
     names: str  # how the registered names are left in the file: a key of opnames.NAME_READERS
     signature: str  # the classifier signature a double registration produces
+    # The owner defines its own operators once and for all: another library that spells one
+    # of them only mentions it (an impl, a Python binding), since a second definition would
+    # abort every process that loads the owner. Not so for ExecuTorch, whose owner library
+    # registers kernels that a plugin may really register again.
+    owner_names_are_mentions: bool = False
 
 
 REGISTRIES: tuple[RegistryKind, ...] = (
@@ -57,6 +62,7 @@ REGISTRIES: tuple[RegistryKind, ...] = (
         entry=re.compile(r"torch::Library::Library"),
         names="schemas",
         signature="torch-duplicate-op",
+        owner_names_are_mentions=True,
     ),
 )
 

@@ -5,9 +5,11 @@ executorch 1.5.1 plus the legacy plugin, under both flags modes, predicted
 from the ELF files alone and observed by `matrix`.
 """
 
+import json
+
 from loadfuzz import inventory, predict
 from loadfuzz.model import Flags, Outcome, Step, StepKind
-from support import LEGACY_PLUGIN, PAIRS_WITH_PLUGIN
+from support import LEGACY_PLUGIN, PAIRS_WITH_PLUGIN, loadfuzz
 
 PLUGIN = "extra/libquantized_ops_legacy_plugin.so"
 QUANTIZED = "lib/libexecutorch_kernels_quantized.so"
@@ -71,3 +73,20 @@ def test_prediction_agrees_with_every_observed_pair(legacy_matrix):
     print(f"prediction agrees with {agreed}/{len(observed)} observed pairs")
     assert disagree == {}
     assert set(predicted) <= set(observed)
+
+
+def test_every_campaign_summary_says_how_the_prediction_fared(legacy_matrix):
+    summary, _ = legacy_matrix
+    assert summary["prediction"] == {"agree": summary["trials"], "disagree_count": 0,
+                                     "disagree": []}
+
+
+def test_on_the_torch_wheel_an_operator_of_the_dispatcher_s_own_library_is_a_mention(tmp_path):
+    """libtorch_python spells aten schemas that libtorch_cpu defines: not a second definition
+    (every `import torch` would abort), so no pair is predicted to collide on them."""
+    done = loadfuzz("matrix", "torch", "--out", tmp_path / "out", "--json")
+    summary = json.loads(done.stdout)
+    assert done.returncode in (0, 1), done.stderr
+    prediction = summary["prediction"]
+    assert prediction["agree"] + prediction["disagree_count"] == summary["trials"]
+    assert prediction["agree"] >= 0.95 * summary["trials"], prediction["disagree"][:3]

@@ -124,6 +124,10 @@ def print_summary(summary: dict) -> None:
         print(baseline_line(summary["baseline"]))
     if summary.get("throughput"):
         print(f"throughput: {summary['throughput']} trials/s")
+    if summary.get("prediction"):
+        prediction = summary["prediction"]
+        total = prediction["agree"] + prediction["disagree_count"]
+        print(f"prediction: {prediction['agree']} of {total} trials ended as scan predicted")
     for record in findings:
         mark = "UNEXPECTED" if record in unexpected else "expected  "
         what = record["signature"] or record["outcome"]

@@ -84,6 +84,14 @@ def _md_stale(entry: Mapping[str, Any]) -> str:
     return line + (f" ({_md_code(entry['source'])})" if entry.get("source") else "")
 
 
+def _md_prediction(prediction: dict | None) -> str | None:
+    """How many trials ended as `scan` predicted from the ELF files alone."""
+    if not prediction:
+        return None
+    total = prediction["agree"] + prediction["disagree_count"]
+    return f"{prediction['agree']} of {total} trials ended as predicted"
+
+
 def _md_rows(servers: dict | None) -> str | None:
     """How many matrix rows forked from a row server, and why the others did not."""
     if not servers or not (servers.get("rows_shared") or servers.get("rows_not_shared")):
@@ -152,6 +160,7 @@ def render_markdown(campaign: CampaignView) -> str:
         ("Finished", summary.get("finished")),
         ("Throughput", summary.get("throughput") and f"{summary['throughput']:.1f} trials/s"),
         ("Shared prefixes", _md_rows(summary.get("servers"))),
+        ("Static prediction", _md_prediction(summary.get("prediction"))),
         ("Results folder", summary.get("out") and _md_code(str(summary["out"]))),
         ("Baseline", _md_baseline_folder(summary.get("baseline"))),
     ]
