@@ -127,6 +127,10 @@ class RunOnce:
         self.trials, self.folder, self.watcher = trials, folder, watcher
         self.runs: dict[Key, TrialRecord] = {}
 
+    def knows(self, seq: Steps) -> bool:
+        """Whether this sequence has run already (its record comes from memory)."""
+        return sequence_key(seq) in self.runs
+
     def __call__(self, seq: Steps) -> TrialRecord:
         key = sequence_key(seq)
         if key not in self.runs:

@@ -129,7 +129,8 @@ def print_summary(summary: dict) -> None:
         total = prediction["agree"] + prediction["disagree_count"]
         print(f"prediction: {prediction['agree']} of {total} trials ended as scan predicted")
     for record in findings:
-        mark = "UNEXPECTED" if record in unexpected else "expected  "
+        mark = ("UNEXPECTED" if record in unexpected
+                else "environ.  " if record in summary.get("environment", []) else "expected  ")
         what = record["signature"] or record["outcome"]
         op = f" {record['op']}" if record["op"] else ""
         print(f"  {mark} {record['outcome']:<10} {spell_sequence(record['sequence'])}  [{what}{op}]")

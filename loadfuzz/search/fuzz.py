@@ -87,8 +87,10 @@ class Fuzzer:
         return any(i.rough(r) == rough for i, r in self.found.items())
 
     def search_round(self, number: int, base_seed: int, first: Sequence[Step],
-                     max_len: int) -> None:
-        """One Hypothesis run of ROUND_EXAMPLES examples; every failure it shrank is kept."""
+                     max_len: int, until: float) -> None:
+        """One Hypothesis run of ROUND_EXAMPLES examples; every failure it shrank is kept.
+        Past `until` (the budget's end) no new sequence runs: the round winds down at once
+        (a sequence already run answers from memory, so a failure stays a failure)."""
 
         @seed(base_seed + number)
         @settings(max_examples=ROUND_EXAMPLES, deadline=None, database=None,
@@ -97,6 +99,8 @@ class Fuzzer:
                   print_blob=False)
         @given(sequences(self.options, first, max_len))
         def explore(seq: Steps) -> None:
+            if time.monotonic() >= until and not self.run.knows(seq):
+                return
             danger = predict.replay(self.inv, seq)
             target(0.0 if danger.clean else 1.0, label="predicted to fail")
             record = self.run(seq)
@@ -247,7 +251,7 @@ def explore(fuzzer: Fuzzer, campaign: Prepared, options: FuzzOptions,
             if not record.clean:
                 fuzzer.keep(record, phase)
     while time.monotonic() < budget_end and first:
-        fuzzer.search_round(rounds, base_seed, first, options.max_len)
+        fuzzer.search_round(rounds, base_seed, first, options.max_len, budget_end)
         rounds += 1
     return rounds
 
