@@ -323,3 +323,12 @@ def test_trials_whose_fork_server_cannot_start_run_cold_and_the_summary_says_why
     assert by_pair[("lib0", "lib1")] is Outcome.CRASH and by_pair[("lib0", "lib4")] is Outcome.CLEAN
     assert runner.usage.servers == 0
     assert list(runner.usage.servers_failed) == ["libnowhere.so"]
+
+
+def test_a_repro_command_carries_the_limits_the_trial_ran_under():
+    limits = Limits(timeout_s=3, mem_mb=2048, at_exit=True)
+    with Trials(limits, cold=True) as runner:
+        record = runner.run((step(CLEAN),))
+    assert " --timeout 3 --mem 2048 --at-exit " in record.repro
+    again = subprocess.run(record.repro, shell=True, capture_output=True, text=True)
+    assert again.returncode == 0 and "outcome: clean" in again.stdout

@@ -23,7 +23,8 @@ EXAMPLES = {
   loadfuzz scan --env --json""",
     "run": """examples:
   loadfuzz run --json .venv/lib/python3.11/site-packages/executorch/lib/libexecutorch.so
-  loadfuzz run --target executorch lib/libexecutorch_kernels_quantized.so local:extra/plugin.so
+  loadfuzz run --target executorch lib/libexecutorch_kernels_quantized.so local:build/plugin.so
+  loadfuzz run import:torch python:build/plugin.so
   loadfuzz run --target executorch lib/libexecutorch_etdump.so \\
       py:extension/pybindings/_C.cpython-311-x86_64-linux-gnu.so""",
     "matrix": """examples:

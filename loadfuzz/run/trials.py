@@ -41,6 +41,10 @@ def loadfuzz_command() -> list[str]:
 def repro_command(seq: Sequence, limits: Limits) -> str:
     """One shell command that reruns exactly this trial, cold."""
     words = [*loadfuzz_command(), "run", "--cold", "--timeout", f"{limits.timeout_s:g}"]
+    if limits.mem_mb != DEFAULT_LIMITS.mem_mb:
+        words += ["--mem", str(limits.mem_mb)]
+    if limits.at_exit:
+        words.append("--at-exit")
     words += [step.spelling() for step in seq]
     return " ".join(shlex.quote(word) for word in words)
 
