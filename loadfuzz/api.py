@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from loadfuzz import inventory
-from loadfuzz.model import Flags, Outcome, TrialRecord, UsageError, parse_step
+from loadfuzz.model import Flags, Outcome, Sequence, TrialRecord, UsageError, parse_step
 from loadfuzz.run.harness import Limits
 from loadfuzz.run.tiers import Tiers
 from loadfuzz.run.trials import Trials
@@ -40,15 +40,30 @@ def run_load_order(target: str | Path | None, *steps: str | Path,
     if not steps:
         raise UsageError("run_load_order needs at least one step")
     try:
-        default = Flags(flags)
-    except ValueError:
-        raise UsageError(f"unknown flags mode {flags!r} (expected global or local)") from None
+        [default] = Flags.parse_list(flags)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if not timeout > 0:
         raise UsageError(f"timeout must be more than zero seconds, not {timeout!r}")
-    ids = {}
+    seq = load_order(None if target is None else str(target), steps, default, add)
+    return run_cold(seq, Limits(timeout_s=timeout))
+
+
+def load_order(target: str | None, steps: Iterable[str | Path], default: Flags,
+               add: Iterable[str | Path] = ()) -> Sequence:
+    """The steps as `run` spells them, library ids looked up in `target` (None: paths only)."""
+    ids: dict[str, Path] = {}
     if target is not None:
-        inv = inventory.load_target(str(target), [Path(p) for p in add])
+        inv = inventory.load_target(target, [Path(p) for p in add])
         ids = {lib.id: lib.path for lib in inv.libraries}
-    seq = tuple(parse_step(str(text), default, ids.get) for text in steps)
-    with Trials(Limits(timeout_s=timeout), Tiers.for_steps(seq), cold=True) as trials:
+    try:
+        return tuple(parse_step(str(text), default, ids.get) for text in steps)
+    except UsageError as exc:
+        where = f" (and no library id of {target})" if target is not None else ""
+        raise UsageError(f"{exc}{where}") from None
+
+
+def run_cold(seq: Sequence, limits: Limits) -> TrialRecord:
+    """One trial of `seq` in a fresh process (what `run` and this API do)."""
+    with Trials(limits, Tiers.for_steps(seq), cold=True) as trials:
         return trials.run(seq)

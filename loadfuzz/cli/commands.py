@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from loadfuzz.cli import printing
 from loadfuzz.cli.printing import Progress
-from loadfuzz.model import Outcome, UsageError, parse_step
+from loadfuzz.model import Outcome, UsageError
 from loadfuzz.run.harness import Limits
 
 # What a command needs is imported inside it: `scan` must not pay for Hypothesis, the
@@ -109,23 +109,10 @@ def cmd_scan(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from loadfuzz import inventory
-    from loadfuzz.run.tiers import Tiers
-    from loadfuzz.run.trials import Trials
+    from loadfuzz import api
 
-    inv = inventory.load_target(args.target) if args.target else None
-
-    def locate(name: str):
-        ids = {lib.id: lib.path for lib in inv.libraries} if inv is not None else {}
-        return ids.get(name)
-
-    try:
-        seq = tuple(parse_step(text, args.flags[0], locate) for text in args.steps)
-    except UsageError as exc:
-        where = f" (and no library id of {inv.target})" if inv is not None else ""
-        raise UsageError(f"{exc}{where}") from None
-    with Trials(limits_of(args), Tiers.for_steps(seq), cold=True) as trials:
-        record = trials.run(seq)
+    seq = api.load_order(args.target, args.steps, args.flags[0])
+    record = api.run_cold(seq, limits_of(args))
     if args.json:
         printing.print_json(record.to_json())
     else:

@@ -191,19 +191,15 @@ def run_fuzz(campaign: Prepared, options: FuzzOptions, watcher: Watcher,
     db = DirectoryBasedExampleDatabase(db_folder(options.db))
     base_seed = options.seed if options.seed is not None else random.SystemRandom().randrange(2**32)
     step_choices = plan.step_options(libs, settings_.flags)
-    first_libs = {lib.id for lib in settings_.shard.take(list(libs))}  # this shard's first steps
-    first = [o for o in step_choices if o.lib in first_libs]
     started, clock = utc_now(), time.monotonic()
     campaign.folder.open()
-    rounds = 0
     warnings: list[str] = []
     try:
         with campaign.trials() as trials:
             fuzzer = Fuzzer(inv, RunOnce(trials, campaign.folder, watcher), step_choices)
             runs = fuzzer.run.runs
             try:
-                rounds = explore(fuzzer, campaign, options, db, base_seed, first, first_libs,
-                                 budget_end, warnings)
+                rounds = explore(fuzzer, campaign, options, db, base_seed, budget_end, warnings)
             except BaseException:
                 trials.close()
                 write_partial(campaign, list(runs.values()), list(fuzzer.found.values()), trials,
@@ -230,12 +226,15 @@ def run_fuzz(campaign: Prepared, options: FuzzOptions, watcher: Watcher,
 
 
 def explore(fuzzer: Fuzzer, campaign: Prepared, options: FuzzOptions,
-            db: DirectoryBasedExampleDatabase, base_seed: int, first: Sequence[Step],
-            first_libs: set[str], budget_end: float, warnings: list[str]) -> int:
+            db: DirectoryBasedExampleDatabase, base_seed: int, budget_end: float,
+            warnings: list[str]) -> int:
     """The three phases: replay, predicted, then Hypothesis rounds until the budget is spent;
-    how many rounds ran. Every failure is kept in `fuzzer`."""
+    how many rounds ran. Every failure is kept in `fuzzer`. Sequences start with this
+    shard's slice of the libraries."""
     inv, libs, settings_ = campaign.inv, campaign.libs, campaign.settings
     trials, runs, rounds = fuzzer.run.trials, fuzzer.run.runs, 0
+    first_libs = {lib.id for lib in settings_.shard.take(list(libs))}
+    first = [o for o in fuzzer.options if o.lib in first_libs]
     known, unreadable = replayable(inv, db)
     if unreadable:
         warnings.append(f"--db {options.db}: ignored {unreadable} unreadable entr"
