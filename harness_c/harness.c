@@ -231,9 +231,27 @@ static int run_python(const char *source, struct trace *tr) {
     return 0;
 }
 
+/* The file the loader reports into when the harness runs with LD_DEBUG_OUTPUT
+ * set (an observed run): the descriptor ld.so opened on "<prefix>.<pid>" at
+ * start-up, which a trial must keep open, or -1. */
+static int loader_report_fd(void) {
+    const char *prefix = getenv("LD_DEBUG_OUTPUT");
+    DIR *d = prefix ? opendir("/proc/self/fd") : NULL;
+    int found = -1;
+    size_t len = prefix ? strlen(prefix) : 0;
+    for (struct dirent *e; d && found < 0 && (e = readdir(d));) {
+        char link[PATH_MAX + 1] = "";
+        ssize_t n = readlinkat(dirfd(d), e->d_name, link, PATH_MAX);
+        if (n > (ssize_t)len && !strncmp(link, prefix, len) && link[len] == '.') found = atoi(e->d_name);
+    }
+    if (d) closedir(d);
+    return found;
+}
+
 /* What every trial starts from: stdin from /dev/null, stdout and stderr on the
- * capture pipe, no other descriptor (a row server keeps its pipes, as 3 and 4),
- * its limits and its own working folder. */
+ * capture pipe, no other descriptor (a row server keeps its pipes, as 3 and 4;
+ * an observed cold trial the loader's report file), its limits and its own
+ * working folder. */
 static void enter_trial(const struct trial *t, struct trace *tr, int out_w, int ctl, int status) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     setpgid(0, 0);
@@ -244,7 +262,12 @@ static void enter_trial(const struct trial *t, struct trace *tr, int out_w, int 
     if (keep && (ctl < 0 || status < 0 || dup2(ctl, 3) < 0 || dup2(status, 4) < 0
                  || fcntl(3, F_SETFD, FD_CLOEXEC) < 0 || fcntl(4, F_SETFD, FD_CLOEXEC) < 0))
         _exit(112);
-    close_range(keep ? 5 : 3, ~0U, 0); /* the server's pipes and everything else it holds */
+    int report = keep ? -1 : loader_report_fd();
+    if (report >= 3) {
+        close_range(3, (unsigned)report - 1, 0);
+        close_range((unsigned)report + 1, ~0U, 0);
+    } else
+        close_range(keep ? 5 : 3, ~0U, 0); /* the server's pipes and everything else it holds */
     struct rlimit core = {0, 0};
     setrlimit(RLIMIT_CORE, &core);
     if (t->mem_mb > 0) {

@@ -19,9 +19,10 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from loadfuzz import inventory
-from loadfuzz.model import Flags, Outcome, Sequence, TrialRecord, UsageError, parse_step
+from loadfuzz.explain import Explainer
+from loadfuzz.model import Flags, Outcome, Sequence, StepKind, TrialRecord, UsageError, parse_step
 from loadfuzz.run.harness import Limits
-from loadfuzz.run.tiers import Tiers
+from loadfuzz.run.tiers import NO_TIERS, Tiers
 from loadfuzz.run.trials import Trials
 
 __all__ = ["Outcome", "TrialRecord", "UsageError", "run_load_order"]
@@ -65,5 +66,8 @@ def load_order(target: str | None, steps: Iterable[str | Path], default: Flags,
 
 def run_cold(seq: Sequence, limits: Limits) -> TrialRecord:
     """One trial of `seq` in a fresh process (what `run` and this API do)."""
-    with Trials(limits, Tiers.for_steps(seq), cold=True) as trials:
+    files = list(dict.fromkeys(s.path for s in seq if s.kind is not StepKind.MODULE))
+    inv = inventory.load_libraries(files) if files else None
+    tiers = Tiers.of(inv.libraries) if inv else NO_TIERS
+    with Trials(limits, tiers, cold=True, explainer=Explainer(inv) if inv else None) as trials:
         return trials.run(seq)

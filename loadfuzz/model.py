@@ -238,6 +238,87 @@ class Verdict:
 
 
 @dataclass(frozen=True)
+class Carrier:
+    """A library that carries a copy of what collided, and how it got into the process."""
+
+    lib: str  # its id (or its file name, outside every target)
+    step: int | None  # the step that brought it in (None: the loader's account did not say)
+    needed_by: str | None = None  # None: the step loaded it itself; else whose dependency it was
+
+    def how(self, sequence: Sequence) -> str:
+        """`loaded by step 1 (global)`, `imported by step 0 (py:ext.so)`, or
+        `a dependency of lib/x.so, loaded by step 0 (local)`."""
+        if self.step is None or not 0 <= self.step < len(sequence):
+            return f"a dependency of {self.needed_by}" if self.needed_by else "in the process"
+        step = sequence[self.step]
+        loaded = (f"loaded by step {self.step} ({step.flags.value})" if step.kind is StepKind.DLOPEN
+                  else f"imported by step {self.step} ({step_label(step.to_json())})")
+        return f"a dependency of {self.needed_by}, {loaded}" if self.needed_by else loaded
+
+    def to_json(self, sequence: Sequence) -> dict[str, Any]:
+        return {"lib": self.lib, "step": self.step, "needed_by": self.needed_by,
+                "how": self.how(sequence)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Carrier:
+        return cls(data["lib"], data["step"], data["needed_by"])
+
+
+@dataclass(frozen=True)
+class BoundSymbol:
+    """An exported symbol that mattered: who defines it, and where each caller's reference bound."""
+
+    symbol: str  # as people read it (the qualified name of a C++ function)
+    mangled: str
+    defined_by: tuple[str, ...]
+    bindings: tuple[tuple[str, str], ...] = ()  # (caller, the library its reference bound to)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"symbol": self.symbol, "mangled": self.mangled, "defined_by": list(self.defined_by),
+                "bindings": [{"from": a, "to": b} for a, b in self.bindings]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> BoundSymbol:
+        return cls(data["symbol"], data["mangled"], tuple(data["defined_by"]),
+                   tuple((b["from"], b["to"]) for b in data["bindings"]))
+
+
+@dataclass(frozen=True)
+class Fix:
+    name: str  # the catalogue's name for it (causes.toml)
+    text: str
+    last_resort: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"fix": self.name, "text": self.text, "last_resort": self.last_resort}
+
+
+@dataclass(frozen=True)
+class Cause:
+    """Why a finding happened, as observed in its confirmation run (or, where the run could
+    not say, as the ELF files tell it), with the ways out."""
+
+    kind: str  # a kind of causes.toml: duplicate-registration, missing-symbol, ...
+    libraries: tuple[Carrier, ...]
+    symbols: tuple[BoundSymbol, ...]
+    text: str  # one paragraph for a bug report
+    evidence: str  # "observed" (the loader's own account of the run) or "static" (ELF files)
+    fixes: tuple[Fix, ...] = ()
+
+    def to_json(self, sequence: Sequence) -> dict[str, Any]:
+        return {"kind": self.kind, "libraries": [c.to_json(sequence) for c in self.libraries],
+                "symbols": [s.to_json() for s in self.symbols], "text": self.text,
+                "evidence": self.evidence}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], fixes: Iterable[Mapping[str, Any]]) -> Cause:
+        return cls(data["kind"], tuple(Carrier.from_json(c) for c in data["libraries"]),
+                   tuple(BoundSymbol.from_json(s) for s in data["symbols"]), data["text"],
+                   data["evidence"],
+                   tuple(Fix(f["fix"], f["text"], f["last_resort"]) for f in fixes))
+
+
+@dataclass(frozen=True)
 class TrialRecord:
     """One trial, in the contract's JSON shape (plus `via`, how it was run)."""
 
@@ -253,6 +334,7 @@ class TrialRecord:
     peak_rss_mb: float
     repro: str
     via: str = "cold"  # "cold" (a fresh process), "fork-server" or "shared prefix" (+ ", confirmed cold")
+    cause: Cause | None = None  # a finding's explanation (see explain); None for a clean trial
 
     @property
     def clean(self) -> bool:
@@ -276,6 +358,8 @@ class TrialRecord:
             "peak_rss_mb": round(self.peak_rss_mb, 1),
             "repro": self.repro,
             "via": self.via,
+            **({"cause": self.cause.to_json(self.sequence),
+                "fixes": [f.to_json() for f in self.cause.fixes]} if self.cause else {}),
         }
 
     @classmethod
@@ -293,6 +377,8 @@ class TrialRecord:
             peak_rss_mb=data["peak_rss_mb"],
             repro=data["repro"],
             via=data.get("via", "cold"),
+            cause=Cause.from_json(data["cause"], data.get("fixes", ())) if data.get("cause")
+            else None,
         )
 
 

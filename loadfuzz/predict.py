@@ -66,6 +66,10 @@ class Process:
     # (registry kind, identity of the copy) -> {operator: id of the library that registered it}
     registries: dict[tuple[str, tuple[int, int]], dict[str, str]] = field(default_factory=dict)
     owners: dict[tuple[int, int], Library] = field(default_factory=dict)
+    # What happened, for explanations: (object, the step that brought it in), in load order,
+    # and each registering call: (caller, entry point symbol, the copy it bound to).
+    arrived: list[tuple[ElfFacts, int]] = field(default_factory=list)
+    calls: list[tuple[ElfFacts, str, ElfFacts]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.owners = self.inv.by_identity()
@@ -94,6 +98,7 @@ class Process:
             return Prediction((), Outcome.LOAD_ERROR, index,
                               why=f"{step.lib} needs {missing[0]}, which nobody provides")
         new = [obj for obj in order if obj.identity not in self.loaded]
+        self.arrived += [(obj, index) for obj in new]
         for obj in order:
             self.loaded.setdefault(obj.identity, obj)
             for name in filter(None, (obj.soname, obj.path.name)):
@@ -117,6 +122,7 @@ class Process:
             copy = self.bind(obj, entries[kind_name].symbol, local)
             if copy is None:
                 continue
+            self.calls.append((obj, entries[kind_name].symbol, copy))
             registry = self.registries.setdefault((kind_name, copy.identity), {})
             owner = self.library(copy)
             mentions = (set(dict(owner.registrations).get(kind_name, ()))
@@ -137,15 +143,21 @@ class Process:
         return None
 
 
-def replay(inv: Inventory, sequence: Sequence[Step]) -> Prediction:
-    """The predicted outcome of running `sequence` (steps by library id) in one fresh process."""
+def simulate(inv: Inventory, sequence: Sequence[Step]) -> tuple[Prediction, Process]:
+    """The predicted outcome of running `sequence` (steps by library id) in one fresh process,
+    and the simulated process as it was when it ended."""
     process = Process(inv)
     for index, step in enumerate(sequence):
         ended = process.load(index, step)
         if ended:
             return Prediction(tuple(sequence), ended.outcome, ended.step, ended.op,
-                              ended.signature, ended.why)
-    return Prediction(tuple(sequence), Outcome.CLEAN)
+                              ended.signature, ended.why), process
+    return Prediction(tuple(sequence), Outcome.CLEAN), process
+
+
+def replay(inv: Inventory, sequence: Sequence[Step]) -> Prediction:
+    """The predicted outcome of running `sequence` (steps by library id) in one fresh process."""
+    return simulate(inv, sequence)[0]
 
 
 def predict(inv: Inventory, libraries: Iterable[Library] | None = None,

@@ -242,11 +242,15 @@ def headline(record: TrialRecord) -> str:
 
 def failure_text(record: TrialRecord) -> str:
     """What a failed pair shows: the headline first (pytest's summary line), the record last."""
+    from loadfuzz.report.view import explanation
+
+    data = record.to_json()
     return "\n".join([
         headline(record),
         f"detail: {record.detail}",
+        *explanation(data),
         f"repro:  {record.repro}",
-        f"record: {json.dumps(record.to_json(), ensure_ascii=False)}",
+        f"record: {json.dumps(data, ensure_ascii=False)}",
     ])
 
 

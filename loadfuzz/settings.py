@@ -10,6 +10,7 @@ from pathlib import Path
 
 from loadfuzz import inventory
 from loadfuzz.expect import Expectation, load_expectations
+from loadfuzz.explain import Explainer
 from loadfuzz.model import Flags
 from loadfuzz.plan import WHOLE, Shard
 from loadfuzz.run.harness import Limits
@@ -46,7 +47,8 @@ class RunSettings:
                servers_for: tuple[inventory.Library, ...] | None = None) -> Trials:
         """A runner for sequences of the inventory's libraries, its fork servers built for
         `servers_for` (default: every library)."""
-        return Trials(self.limits, Tiers.of(inv.libraries, servers_for), cold=self.cold)
+        return Trials(self.limits, Tiers.of(inv.libraries, servers_for), cold=self.cold,
+                      explainer=Explainer(inv))
 
 
 @dataclass(frozen=True)

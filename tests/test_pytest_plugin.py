@@ -89,7 +89,7 @@ def test_every_ordered_pair_is_one_test_and_only_the_colliding_pairs_fail(whole_
     assert f"4 failed, {len(tests) - 4} passed" in run.stdout
 
 
-def test_a_failing_pair_shows_its_outcome_signature_op_detail_repro_and_record(whole_matrix):
+def test_a_failing_pair_shows_its_outcome_detail_cause_fixes_repro_and_record(whole_matrix):
     run, tests = whole_matrix
     _, record = tests[f"{KQ_ID} -> {PLUGIN_ID} @ global"]
     assert (record["outcome"], record["signature"], record["op"], record["step"]) == (
@@ -98,8 +98,14 @@ def test_a_failing_pair_shows_its_outcome_signature_op_detail_repro_and_record(w
     lines = [line for line in section.splitlines()[1:] if not line.startswith("[gw")]  # xdist's
     assert lines[0].startswith("reregister executorch-reregister quantized_decomposed::add.out")
     assert lines[1] == f"detail: {record['detail']}"
-    assert lines[2] == f"repro:  {record['repro']}"
-    assert json.loads(lines[3].removeprefix("record: ")) == record
+    assert lines[2] == "cause: duplicate-registration (observed)"
+    assert lines[3] == record["cause"]["text"]
+    assert {KQ_ID, PLUGIN_ID} <= {line.split()[1] for line in lines if line.startswith("copy: ")}
+    fixes = [line for line in lines if line.startswith("fix")]
+    assert len(fixes) == len(record["fixes"]) and fixes[-1].startswith("fix (last resort): ")
+    repro = next(n for n, line in enumerate(lines) if line.startswith("repro:  "))
+    assert lines[repro] == f"repro:  {record['repro']}"
+    assert json.loads(lines[repro + 1].removeprefix("record: ")) == record
 
 
 def test_the_repro_command_of_a_failing_pair_reruns_it(whole_matrix):

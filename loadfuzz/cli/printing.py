@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loadfuzz.model import GLYPHS, TrialRecord, spell_sequence, step_label
+from loadfuzz.report.view import explanation
 
 if TYPE_CHECKING:  # only named in annotations: printing stays cheap to import
     from loadfuzz.inventory import Inventory, Library
@@ -89,6 +90,7 @@ def describe_run(record: TrialRecord) -> str:
                  + (f"  signature: {record.signature}" if record.signature else "")
                  + (f"  op: {record.op}" if record.op else ""))
     lines.append(f"detail: {record.detail}")
+    lines += explanation(record.to_json())
     lines.append(f"time: {record.duration_s:.3f} s, peak RSS {record.peak_rss_mb:.1f} MB")
     lines.append(f"repro: {record.repro}")
     return "\n".join(lines)

@@ -21,6 +21,7 @@ from loadfuzz.report.view import (
     ENVIRONMENT_WHY,
     CampaignView,
     ended_in,
+    explanation,
     json_key,
     repro_path,
     visible,
@@ -105,6 +106,7 @@ def _tooltip(campaign: CampaignView, first: str, second: str, mode: str,
         ("script", repro_path(campaign, record)),
     ]
     lines += [f"{name}: {visible(str(value))}" for name, value in facts if value]
+    lines += [visible(line) for line in explanation(record)]
     return "\n".join([*lines, f"repro: {record.get('repro', '')}"])
 
 

@@ -16,7 +16,13 @@ from typing import Any
 
 from loadfuzz.model import headline
 from loadfuzz.report.output import write_file
-from loadfuzz.report.view import ENVIRONMENT_WHY, CampaignView, json_key, sequence_label
+from loadfuzz.report.view import (
+    ENVIRONMENT_WHY,
+    CampaignView,
+    explanation,
+    json_key,
+    sequence_label,
+)
 
 # Characters XML 1.0 cannot carry at all, even as references.
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
@@ -38,7 +44,8 @@ def _testcase(suite: ET.Element, classname: str, name: str, campaign: CampaignVi
     if status == "unexpected":
         failure = ET.SubElement(case, "failure", message=_x(headline(record)),
                                 type=_x(record["outcome"]))
-        failure.text = _x(f"{record.get('detail', '')}\n\nreproduce:\n{record.get('repro', '')}")
+        failure.text = _x("\n".join([record.get("detail", ""), "", *explanation(record), "",
+                                      "reproduce:", record.get("repro", "")]))
     elif status == "expected":
         why = campaign.why.get(json_key(record)) or "covered by the expectations file"
         ET.SubElement(case, "skipped", message=_x(f"expected: {why}"))

@@ -69,9 +69,31 @@ def _md_finding(campaign: CampaignView, number: int, record: Mapping[str, Any]) 
         lines.append(f"- Environment: {ENVIRONMENT_WHY}.")
     else:
         lines.append("- Unexpected: no expectation covers it.")
+    lines += _md_cause(record)
     where = repro_path(campaign, record)
     lines += ["", f"Reproduce{f' (also {_md_code(where)})' if where else ''}:", ""]
     lines += [_md_block(record.get("repro", ""), "sh"), ""]
+    return lines
+
+
+def _md_cause(record: Mapping[str, Any]) -> list[str]:
+    """The finding's cause: its paragraph, the copies and how each came in, the entry points
+    they bound, and the fixes, numbered, most specific first."""
+    cause = record.get("cause")
+    if not cause:
+        return []
+    lines = [f"- Cause ({_md_code(cause['kind'])}, {cause['evidence']}): {_md_text(cause['text'])}"]
+    copies = "; ".join(f"{_md_code(c['lib'])} ({_md_text(c['how'])})" for c in cause["libraries"])
+    if copies:
+        lines.append(f"- Copies: {copies}")
+    for symbol in cause["symbols"]:
+        bound = ", ".join(f"{_md_code(b['from'])} -> {_md_code(b['to'])}" for b in symbol["bindings"])
+        lines.append(f"- Symbol {_md_code(symbol['symbol'])}" + (f": bound {bound}" if bound else ""))
+    fixes = record.get("fixes", [])
+    if fixes:
+        lines.append("- Fixes:")
+        lines += [f"  {n}. {'Last resort: ' if f['last_resort'] else ''}{_md_text(f['text'])}"
+                  for n, f in enumerate(fixes, start=1)]
     return lines
 
 

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +31,9 @@ import psutil
 
 from loadfuzz import hostenv
 from loadfuzz.model import Evidence
+from loadfuzz.run import ldtrace
 from loadfuzz.run.build import harness_binary
+from loadfuzz.run.ldtrace import LoaderTrace
 
 PROTOCOL_VERSION = 3  # harness_c/harness.c's PROTOCOL_VERSION: the greeting must say it
 STARTUP_TIMEOUT_S = 120.0  # preloading libtorch on a cold disk can take a while
@@ -107,7 +109,8 @@ class SharedPrefix:
 class Harness:
     """One harness process serving trials one at a time. Use as a context manager."""
 
-    def __init__(self, preload: Sequence[HarnessStep] = ()):
+    def __init__(self, preload: Sequence[HarnessStep] = (), observe: bool = False):
+        """`observe`: the loader reports what it did (see `ldtrace`); read it with `trace`."""
         self.preload = tuple(preload)
         self.scratch = Path(tempfile.mkdtemp(prefix="loadfuzz-"))
         self._count = 0
@@ -129,7 +132,7 @@ class Harness:
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 cwd=self.scratch,
-                env=trial_environment(self.scratch),
+                env=trial_environment(self.scratch) | (self._observing() if observe else {}),
                 start_new_session=True,
             )
         except BaseException:
@@ -144,6 +147,15 @@ class Harness:
         except BaseException:  # a server that did not start leaves nothing behind
             self.close()
             raise
+
+    def _observing(self) -> dict[str, str]:
+        return {"LD_DEBUG": ldtrace.DEBUG_CATEGORIES,
+                "LD_DEBUG_OUTPUT": str(self.scratch.resolve() / "ld-debug")}
+
+    def trace(self, keep: Callable[[str, str, str], bool] = ldtrace.keep_none) -> LoaderTrace:
+        """What the loader said about this harness's trials (it was started with `observe`).
+        Forked trials write to the server's file; programs they start are not read."""
+        return ldtrace.read(self.scratch.resolve() / f"ld-debug.{self.proc.pid}", keep)
 
     def _greeting(self) -> None:
         header = self._read_line(time.monotonic() + STARTUP_TIMEOUT_S)

@@ -97,11 +97,12 @@ class ServerPool:
             return tuple(dict.fromkeys(step for preload in self._started for step in preload))
 
     @contextlib.contextmanager
-    def cold(self) -> Iterator[Harness]:
-        """A fresh harness with nothing preloaded, for one trial, closed afterwards."""
+    def cold(self, observe: bool = False) -> Iterator[Harness]:
+        """A fresh harness with nothing preloaded, for one trial, closed afterwards;
+        `observe`: the loader reports what it did (`Harness.trace`)."""
         if self.closed:
             raise RuntimeError("the pool is closed: no more trials start")
-        harness = Harness()
+        harness = Harness(observe=observe)
         with self._lock:
             self._cold.add(harness)
             closed = self.closed

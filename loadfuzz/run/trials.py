@@ -22,14 +22,19 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from loadfuzz import hostenv
 from loadfuzz.classify import Signature, classify, load_catalogue
 from loadfuzz.model import Flags, Sequence, Step, StepKind, TrialRecord, Verdict
 from loadfuzz.run import pycode
 from loadfuzz.run.harness import Harness, HarnessDied, HarnessStep, Limits
+from loadfuzz.run.ldtrace import LoaderTrace
 from loadfuzz.run.pool import ServerPool, Usage
 from loadfuzz.run.tiers import NO_TIERS, Tiers
+
+if TYPE_CHECKING:
+    from loadfuzz.explain import Explainer
 
 
 def loadfuzz_command() -> list[str]:
@@ -116,9 +121,12 @@ MIN_ROW = 4
 class Trials:
     """Runs sequences and returns their records; safe to call from several threads."""
 
-    def __init__(self, limits: Limits = DEFAULT_LIMITS, tiers: Tiers = NO_TIERS, cold: bool = False):
-        """`tiers`: what each sequence needs (libpython first?) and which server it forks from."""
+    def __init__(self, limits: Limits = DEFAULT_LIMITS, tiers: Tiers = NO_TIERS, cold: bool = False,
+                 explainer: Explainer | None = None):
+        """`tiers`: what each sequence needs (libpython first?) and which server it forks from;
+        `explainer`: gives each finding its cause, from a cold run the loader reports on."""
         self.limits = limits
+        self.explainer = explainer
         self.tiers = tiers
         self.cold = cold
         self.catalogue: tuple[Signature, ...] = load_catalogue()
@@ -149,21 +157,36 @@ class Trials:
         """Stop every server, ending the trials they run; no trial starts after this."""
         self.pool.close()
 
-    def _record(self, seq: Sequence, via: str, server: Harness | None) -> TrialRecord:
+    def _record(self, seq: Sequence, via: str, server: Harness | None,
+                observe: bool = False) -> TrialRecord:
+        """One trial: from `server`, else in a fresh harness; `observe`: the loader reports on
+        the run, and a finding gets its cause from that report."""
         if self.closed:
             raise RuntimeError("the runner is closed: no more trials start")
         steps, prelude = harness_steps(seq, self.tiers)
+        trace: LoaderTrace | None = None
         if server is not None:
             evidence = server.run(steps, self.limits, prelude)
         else:
-            with self.pool.cold() as harness:
+            with self.pool.cold(observe) as harness:
                 evidence = harness.run(steps, self.limits, prelude)
+                if observe and self.explainer is not None:
+                    trace = harness.trace(self.explainer.keeps)
         verdict = classify(evidence, self.catalogue)
-        return make_record(seq, verdict, evidence.duration_s, evidence.peak_rss_mb,
-                           self.limits, via)
+        record = make_record(seq, verdict, evidence.duration_s, evidence.peak_rss_mb,
+                             self.limits, via)
+        if observe and self.explainer is not None and not record.clean:
+            record = self.explainer.explain(record, trace)
+        return record
 
     def run_cold(self, seq: Sequence) -> TrialRecord:
-        return self._record(seq, "cold", None)
+        """One trial in a fresh process; a finding is explained by a second run that the loader
+        reports on (reporting slows the loader down, so it does not decide the verdict)."""
+        record = self._record(seq, "cold", None)
+        if record.clean or self.explainer is None:
+            return record
+        observed = self._record(seq, "cold", None, observe=True)
+        return observed if same_verdict(observed, record) else self.explainer.explain(record, None)
 
     def _fast(self, seq: Sequence, via: str, server: Harness) -> TrialRecord | None:
         """The trial from `server`, or None when the server (not the trial) failed."""
@@ -172,11 +195,24 @@ class Trials:
         except HarnessDied:
             return None
 
+    def _cold_for(self, seq: Sequence, fast: TrialRecord) -> TrialRecord:
+        """The cold run that confirms a fast finding (or not), explained. The loader reports on
+        it; should that run end otherwise, a plain cold run decides."""
+        if self.explainer is None:
+            return self.run_cold(seq)
+        observed = self._record(seq, "cold", None, observe=True)
+        if same_verdict(observed, fast):
+            return observed
+        plain = self._record(seq, "cold", None)
+        if same_verdict(plain, observed):
+            return observed
+        return plain if plain.clean else self.explainer.explain(plain, None)
+
     def _confirm(self, seq: Sequence, fast: TrialRecord) -> TrialRecord:
         """A clean fast trial stands; a finding is believed only once a cold run agrees."""
         if fast.clean:
             return fast
-        cold = self.run_cold(seq)
+        cold = self._cold_for(seq, fast)
         if not same_verdict(fast, cold):
             with self._lock:
                 self.disagreements.append(Disagreement(fast, cold))

@@ -1,0 +1,236 @@
+"""Every finding carries its cause and the ways out: what collided, which libraries carry a copy
+and how each got into the process, where their entry points bound, and fixes from a table.
+
+The evidence is the loader's own report of the finding's cold run (LD_DEBUG), checked here
+against the static replay of the ELF files, which must tell the same story.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from loadfuzz import inventory
+from loadfuzz.api import run_load_order
+from loadfuzz.causes import CONDITIONS, load_causes
+from loadfuzz.explain import Explainer
+from loadfuzz.model import Flags, Outcome, Step, StepKind, TrialRecord
+from loadfuzz.run import ldtrace
+from loadfuzz.run.harness import Limits
+from loadfuzz.run.trials import Trials
+from support import (
+    AOT_ID,
+    FIXTURES,
+    KQ,
+    LEGACY_PLUGIN,
+    PLUGIN,
+    QUANTIZED,
+    ROOT,
+    SITE,
+    hostile,
+    loadfuzz,
+    step,
+)
+
+RECORDED = ROOT / "tests" / "recorded" / "ld-debug-reregister.txt"
+ENTRY = "_ZN10executorch7runtime16register_kernelsENS0_4SpanIKNS0_6KernelEEE"
+SIG = FIXTURES / "signatures"
+
+
+def recorded_trace(keep=ldtrace.keep_none) -> ldtrace.LoaderTrace:
+    """The loader's report of `kernels_quantized -> legacy plugin @ global`, recorded on this
+    wheel with the paths made portable, and put back where they are on this machine."""
+    text = RECORDED.read_text().replace("/site", str(SITE)).replace("/project", str(ROOT))
+    return ldtrace.parse(text.splitlines(keepends=True), keep)
+
+
+@pytest.fixture(scope="module")
+def executorch_with_plugin() -> inventory.Inventory:
+    return inventory.load_target("executorch", [LEGACY_PLUGIN])
+
+
+def seed_finding(inv: inventory.Inventory, first: str = KQ, second: str = PLUGIN,
+                 flags: Flags = Flags.GLOBAL) -> TrialRecord:
+    steps = tuple(Step(StepKind.DLOPEN, lib, flags, inv.get(lib).path) for lib in (first, second))
+    return TrialRecord(steps, Outcome.REREGISTER, 1, "executorch-reregister",
+                       "quantized_decomposed::add.out", 6, None,
+                       "Re-registering quantized_decomposed::add.out", 0.01, 30.0, "loadfuzz run ...")
+
+
+# --- the loader's report, read ------------------------------------------------------------
+
+def test_the_loader_report_says_how_each_object_came_in_and_what_ran_last():
+    trace = recorded_trace()
+    arrivals = {Path(a.path).name: a for a in trace.arrivals}
+    assert arrivals["libexecutorch_kernels_quantized.so"].dlopened
+    executorch = arrivals["libexecutorch.so"]
+    assert not executorch.dlopened
+    assert executorch.path == str(SITE / "executorch" / "lib" / "libexecutorch.so")
+    assert executorch.by.endswith("libexecutorch_kernels_quantized.so")
+    assert Path(trace.last_init).name == "libquantized_ops_legacy_plugin.so"
+
+
+def test_the_loader_report_keeps_only_the_bindings_asked_for():
+    assert recorded_trace().bindings == ()
+    kept = recorded_trace(lambda caller, symbol, target: symbol == ENTRY)
+    callers = {Path(b.caller).name: Path(b.target).name for b in kept.bindings}
+    assert callers == {"libexecutorch.so": "libexecutorch.so",
+                       "libexecutorch_kernels_quantized.so": "libexecutorch.so",
+                       "libquantized_ops_legacy_plugin.so": "libexecutorch.so"}
+
+
+def test_a_missing_report_reads_as_an_empty_one(tmp_path):
+    assert ldtrace.read(tmp_path / "ld-debug.1") == ldtrace.LoaderTrace((), None, ())
+
+
+# --- the explanation, from recorded evidence --------------------------------------------
+
+def test_a_reregistration_names_both_copies_the_entry_point_they_bound_and_fixes(
+        executorch_with_plugin):
+    explainer = Explainer(executorch_with_plugin)
+    record = explainer.explain(seed_finding(executorch_with_plugin), recorded_trace(explainer.keeps))
+    cause = record.cause
+    assert cause.kind == "duplicate-registration" and cause.evidence == "observed"
+    assert [(c.lib, c.step, c.needed_by) for c in cause.libraries] == [(KQ, 0, None),
+                                                                        (PLUGIN, 1, None)]
+    [symbol] = cause.symbols
+    assert symbol.symbol == "executorch::runtime::register_kernels" and symbol.mangled == ENTRY
+    assert set(symbol.bindings) == {(KQ, "lib/libexecutorch.so"), (PLUGIN, "lib/libexecutorch.so")}
+    assert "quantized_decomposed::add.out (+20 more)" in cause.text
+    assert "lib/libexecutorch.so" in cause.text
+    fixes = [f.name for f in cause.fixes]
+    assert fixes[0] == "drop-duplicate" and cause.fixes[-1].last_resort
+    assert "load-local" not in fixes  # both closures hold libexecutorch.so: flags cannot help
+
+
+def test_without_a_report_the_elf_files_tell_the_same_story(executorch_with_plugin):
+    explainer = Explainer(executorch_with_plugin)
+    finding = seed_finding(executorch_with_plugin)
+    observed = explainer.explain(finding, recorded_trace(explainer.keeps)).cause
+    static = explainer.explain(finding, None).cause
+    assert static.evidence == "static"
+    assert static.libraries == observed.libraries
+    assert static.symbols == observed.symbols
+    assert [f.name for f in static.fixes] == [f.name for f in observed.fixes]
+
+
+def test_a_copy_pulled_in_as_a_dependency_says_whose(executorch_with_plugin):
+    explainer = Explainer(executorch_with_plugin)
+    cause = explainer.explain(seed_finding(executorch_with_plugin, PLUGIN, AOT_ID), None).cause
+    assert [(c.lib, c.step, c.needed_by) for c in cause.libraries] == [(PLUGIN, 0, None),
+                                                                        (KQ, 1, AOT_ID)]
+    assert cause.libraries[1].how(seed_finding(executorch_with_plugin, PLUGIN, AOT_ID).sequence) \
+        == f"a dependency of {AOT_ID}, loaded by step 1 (global)"
+
+
+def test_a_clean_record_gets_no_cause(executorch_with_plugin):
+    clean = replace(seed_finding(executorch_with_plugin), outcome=Outcome.CLEAN, step=None,
+                    signature=None, op=None)
+    assert Explainer(executorch_with_plugin).explain(clean, None).cause is None
+
+
+def test_the_cause_and_fixes_survive_the_json_record(executorch_with_plugin):
+    explainer = Explainer(executorch_with_plugin)
+    record = explainer.explain(seed_finding(executorch_with_plugin), recorded_trace(explainer.keeps))
+    data = record.to_json()
+    assert data["cause"]["libraries"][1]["how"] == "loaded by step 1 (global)"
+    assert data["fixes"][0]["fix"] == "drop-duplicate"
+    again = TrialRecord.from_json(json.loads(json.dumps(data)),
+                                  lambda lib: executorch_with_plugin.get(lib).path)
+    assert again == record
+
+
+# --- the catalogue ------------------------------------------------------------------------
+
+def test_every_signature_and_every_failing_outcome_has_a_cause():
+    from loadfuzz.classify import load_catalogue
+
+    rules = load_causes()
+    named = {s for rule in rules for s in rule.signatures}
+    assert {s.name for s in load_catalogue()} <= named
+    outcomes = {o for rule in rules for o in rule.outcomes}
+    assert {o.value for o in Outcome} - {"clean"} <= outcomes
+    assert all(rule.fixes for rule in rules)
+
+
+def test_a_fix_asking_for_an_unknown_condition_is_refused():
+    text = """
+[[cause]]
+kind = "x"
+text = "t"
+[[cause.fix]]
+name = "f"
+when = "no-such-condition"
+text = "t"
+"""
+    with pytest.raises(ValueError, match="no-such-condition"):
+        load_causes(text)
+    assert "flags-decide" in CONDITIONS
+
+
+# --- real runs: the kind of each failure ---------------------------------------------------
+
+KINDS = {
+    "crash": ([hostile("segv")], "constructor-crash"),
+    "exit": ([hostile("exit7")], "constructor-exit"),
+    "missing symbol": ([hostile("undefined_symbol")], "missing-symbol"),
+    "missing library": ([hostile("needs_missing")], "missing-library"),
+    "static tls": ([SIG / "libfx_static_tls_a.so", SIG / "libfx_static_tls_b.so"], "static-tls"),
+    "pybind11": ([f"py:{SIG / 'fxdup.cpython-311-x86_64-linux-gnu.so'}"], "duplicate-pybind11-type"),
+    "llvm": ([SIG / "libfx_llvm_a.so", SIG / "libfx_llvm_b.so"], "duplicate-registration"),
+}
+
+
+@pytest.mark.parametrize("case", KINDS)
+def test_each_kind_of_failure_is_explained_from_its_run(case):
+    steps, kind = KINDS[case]
+    record = run_load_order(None, *steps)
+    assert not record.clean
+    assert record.cause.kind == kind and record.cause.evidence == "observed"
+    assert record.cause.libraries and record.cause.fixes
+    assert "?" not in record.cause.text.replace(record.repro, "")
+
+
+def test_a_library_whose_own_symbols_bound_to_an_earlier_global_copy_is_interposition():
+    first, second = (FIXTURES / "interpose" / f"libfx_hook_{n}.so" for n in ("first", "second"))
+    record = run_load_order(None, first, second)
+    assert record.cause.kind == "interposition"
+    assert [s.symbol for s in record.cause.symbols] == ["fx_hook"]
+    assert record.cause.symbols[0].bindings == ((str(second), str(first)),)
+    assert run_load_order(None, f"local:{first}", f"local:{second}").clean
+
+
+def test_a_finding_of_the_fast_path_is_explained_by_its_cold_confirmation(executorch_with_plugin):
+    inv = executorch_with_plugin
+    seq = (step(QUANTIZED), step(LEGACY_PLUGIN))
+    with Trials(Limits(), explainer=Explainer(inv)) as trials:
+        record = trials.run(seq)
+    assert record.via == "fork-server, confirmed cold"
+    assert record.cause.evidence == "observed"
+    assert {c.lib for c in record.cause.libraries} == {str(QUANTIZED), str(LEGACY_PLUGIN)}
+
+
+# --- every output carries it ----------------------------------------------------------------
+
+def test_every_finding_of_a_campaign_is_explained_in_every_output(tmp_path):
+    out = tmp_path / "results"
+    done = loadfuzz("matrix", "executorch", "--add", LEGACY_PLUGIN, "--out", out)
+    assert done.returncode == 1, done.stderr
+    findings = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
+    findings = [r for r in findings if r["outcome"] != "clean"]
+    assert findings
+    for record in findings:
+        cause = record["cause"]
+        copies = {c["lib"] for c in cause["libraries"]}
+        assert PLUGIN in copies and copies & {KQ, AOT_ID}, cause
+        assert record["fixes"] and cause["evidence"] == "observed"
+    summary = json.loads((out / "summary.json").read_text())
+    assert all(f["cause"]["kind"] == "duplicate-registration" for f in summary["findings"])
+    report = (out / "report.md").read_text()
+    assert report.count("- Cause (`duplicate-registration`, observed)") == len(summary["findings"])
+    assert "- Fixes:" in report
+    assert "cause: duplicate-registration (observed)" in (out / "junit.xml").read_text()
+    assert "fix: Register quantized_decomposed::add.out" in (out / "matrix.html").read_text()
