@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from loadfuzz.elf.read import LOADER_HOOKS, STD_PREFIXES, ElfFacts
 from loadfuzz.inventory import Inventory, Library
 from loadfuzz.model import Flags, Outcome, Step, StepKind, TrialRecord
 from loadfuzz.plan import pairs
-from loadfuzz.registries import REGISTRY_BY_NAME
+from loadfuzz.registries import REGISTRY_BY_NAME, qualified_name
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,8 @@ class Prediction:
     op: str | None = None
     signature: str | None = None
     why: str = ""
+    confidence: str = "high"  # "high", "medium" or "low": see CONFIDENCE
+    evidence: tuple[str, ...] = ()  # the facts of the ELF files the prediction rests on
 
     @property
     def clean(self) -> bool:
@@ -52,7 +54,15 @@ class Prediction:
         """The contract's `predicted` entry for an ordered pair."""
         first, second = self.sequence
         return {"first": first.lib, "second": second.lib, "flags": first.flags.value,
-                "outcome": self.outcome.value, "op": self.op, "why": self.why}
+                "outcome": self.outcome.value, "op": self.op, "why": self.why,
+                "confidence": self.confidence, "evidence": list(self.evidence)}
+
+
+CONFIDENCE = ("high", "medium", "low")
+READ_FROM = {"kernel-names": "read from the kernel table strings of its read-only data",
+             "schemas": "read from the operator schemas in its read-only data"}
+PYTHON_STEPS = ("Python steps are replayed as RTLD_LOCAL loads: what their import runs "
+                "(other imports, torch.ops.load_library) is not modelled")
 
 
 @dataclass
@@ -81,6 +91,13 @@ class Process:
     def library(self, obj: ElfFacts) -> Library | None:
         return self.owners.get(obj.identity)
 
+    def how_bound(self, caller: ElfFacts, copy: ElfFacts) -> str:
+        if copy.identity == caller.identity:
+            return "its own copy"
+        if any(obj.identity == copy.identity for obj in self.global_scope):
+            return "the first definition in the global scope"
+        return "the first definition in its own dependency closure"
+
     def bind(self, caller: ElfFacts, symbol: str, local: Sequence[ElfFacts]) -> ElfFacts | None:
         if caller.binds_to_itself(symbol):
             return caller
@@ -96,7 +113,10 @@ class Process:
         order, missing = self.inv.link_map.search_list(root, self.by_name)
         if missing:
             return Prediction((), Outcome.LOAD_ERROR, index,
-                              why=f"{step.lib} needs {missing[0]}, which nobody provides")
+                              why=f"{step.lib} needs {missing[0]}, which nobody provides",
+                              evidence=(f"{step.lib}'s dependency closure names {missing[0]}",
+                                        "no folder of its search path (RUNPATH, LD_LIBRARY_PATH, "
+                                        "ld.so.conf, the system folders) holds it"))
         new = [obj for obj in order if obj.identity not in self.loaded]
         self.arrived += [(obj, index) for obj in new]
         for obj in order:
@@ -138,7 +158,11 @@ class Process:
                         (), Outcome.REREGISTER, index, op, kind.signature,
                         f"{earlier} and {lib.id} both register {op}{more} into "
                         f"{kind.title}, and both bind its entry point to the copy in "
-                        f"{self.name_of(copy)}")
+                        f"{self.name_of(copy)}", kind.confidence,
+                        (f"{earlier} registers {op} ({READ_FROM[kind.names]})",
+                         f"{lib.id} registers {op}{more} too",
+                         f"{lib.id} binds {qualified_name(entries[kind_name].symbol)} to "
+                         f"{self.name_of(copy)} ({self.how_bound(obj, copy)})"))
                 registry[op] = lib.id
         return None
 
@@ -147,12 +171,29 @@ def simulate(inv: Inventory, sequence: Sequence[Step]) -> tuple[Prediction, Proc
     """The predicted outcome of running `sequence` (steps by library id) in one fresh process,
     and the simulated process as it was when it ended."""
     process = Process(inv)
+    python = any(s.kind is not StepKind.DLOPEN or s.flags is Flags.PYTHON for s in sequence)
     for index, step in enumerate(sequence):
         ended = process.load(index, step)
         if ended:
-            return Prediction(tuple(sequence), ended.outcome, ended.step, ended.op,
-                              ended.signature, ended.why), process
-    return Prediction(tuple(sequence), Outcome.CLEAN), process
+            if python:
+                ended = replace(ended, confidence="low", evidence=(*ended.evidence, PYTHON_STEPS))
+            return replace(ended, sequence=tuple(sequence)), process
+    return clean_prediction(tuple(sequence), process, python), process
+
+
+def clean_prediction(sequence: tuple[Step, ...], process: Process, python: bool) -> Prediction:
+    """Nothing should fail: how sure that is, and why."""
+    kinds = {kind for kind, _ in process.registries}
+    if python:
+        return Prediction(sequence, Outcome.CLEAN, confidence="low", evidence=(PYTHON_STEPS,))
+    if not kinds:
+        return Prediction(sequence, Outcome.CLEAN, evidence=(
+            "no library the steps bring in registers operators",))
+    names = sum(len(ops) for ops in process.registries.values())
+    worst = max((REGISTRY_BY_NAME[k].confidence for k in kinds), key=CONFIDENCE.index)
+    return Prediction(sequence, Outcome.CLEAN, confidence=worst, evidence=(
+        f"{names} operator names registered into {len(process.registries)} registry copies, "
+        "none of them twice into the same copy",))
 
 
 def replay(inv: Inventory, sequence: Sequence[Step]) -> Prediction:
@@ -204,14 +245,18 @@ def agreement(inv: Inventory, records: Iterable[TrialRecord]) -> dict:
     A trial agrees when its outcome and operator are the predicted ones (clean when nothing
     is predicted); the prediction names no crash, exit or timeout, so those always disagree."""
     agree, disagree = 0, []
+    by_confidence = {level: {"agree": 0, "disagree": 0} for level in CONFIDENCE}
     for record in records:
         predicted = replay(inv, record.sequence)
-        if (predicted.outcome, predicted.op) == (record.outcome, record.op):
+        agreed = (predicted.outcome, predicted.op) == (record.outcome, record.op)
+        by_confidence[predicted.confidence]["agree" if agreed else "disagree"] += 1
+        if agreed:
             agree += 1
         else:
             disagree.append({"sequence": [s.to_json() for s in record.sequence],
                              "predicted": {"outcome": predicted.outcome.value, "op": predicted.op,
-                                           "why": predicted.why},
+                                           "why": predicted.why,
+                                           "confidence": predicted.confidence},
                              "observed": {"outcome": record.outcome.value, "op": record.op}})
     return {"agree": agree, "disagree_count": len(disagree),
-            "disagree": disagree[:MOST_DISAGREEMENTS]}
+            "disagree": disagree[:MOST_DISAGREEMENTS], "by_confidence": by_confidence}

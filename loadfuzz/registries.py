@@ -40,6 +40,10 @@ class RegistryKind:
     # abort every process that loads the owner. Not so for ExecuTorch, whose owner library
     # registers kernels that a plugin may really register again.
     owner_names_are_mentions: bool = False
+    # How far a predicted double registration can be trusted: "high" when the names read are
+    # the registrations themselves (ExecuTorch's kernel tables), "medium" when a name read may
+    # still be a mention (a schema string beside an impl for another dispatch key).
+    confidence: str = "high"
 
 
 REGISTRIES: tuple[RegistryKind, ...] = (
@@ -63,6 +67,7 @@ REGISTRIES: tuple[RegistryKind, ...] = (
         names="schemas",
         signature="torch-duplicate-op",
         owner_names_are_mentions=True,
+        confidence="medium",
     ),
 )
 

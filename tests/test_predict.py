@@ -77,8 +77,51 @@ def test_prediction_agrees_with_every_observed_pair(legacy_matrix):
 
 def test_every_campaign_summary_says_how_the_prediction_fared(legacy_matrix):
     summary, _ = legacy_matrix
-    assert summary["prediction"] == {"agree": summary["trials"], "disagree_count": 0,
-                                     "disagree": []}
+    prediction = summary["prediction"]
+    assert (prediction["agree"], prediction["disagree_count"], prediction["disagree"]) == (
+        summary["trials"], 0, [])
+    tallies = prediction["by_confidence"]
+    assert sum(t["agree"] for t in tallies.values()) == summary["trials"]
+    assert all(t["disagree"] == 0 for t in tallies.values())
+    # pairs with the aot lib, which also registers into the PyTorch dispatcher (schemas read
+    # from strings), are trusted less than pairs of ExecuTorch kernel tables alone
+    assert tallies["medium"]["agree"] > 0 and tallies["high"]["agree"] > tallies["medium"]["agree"]
+
+
+def test_a_predicted_collision_gives_its_evidence_and_a_confidence():
+    inv = legacy_inventory()
+    predicted = predict.replay(inv, steps(inv, ("global", QUANTIZED), ("global", PLUGIN)))
+    assert predicted.confidence == "high"  # ExecuTorch's kernel tables are the registrations
+    first, second, binding = predicted.evidence
+    assert first.startswith(f"{QUANTIZED} registers quantized_decomposed::add.out")
+    assert second == f"{PLUGIN} registers quantized_decomposed::add.out (+20 more) too"
+    assert binding == (f"{PLUGIN} binds executorch::runtime::register_kernels to "
+                       "lib/libexecutorch.so (the first definition in the global scope)")
+    assert predicted.pair_json()["confidence"] == "high"
+
+
+def test_a_clean_prediction_says_why_and_python_steps_lower_the_confidence():
+    inv = legacy_inventory()
+    coreml = "backends/apple/coreml/executorchcoreml.cpython-311-x86_64-linux-gnu.so"
+    cmsis = "backends/cortex_m/library/_cmsis_nn/cmsis_nn.cpython-311-x86_64-linux-gnu.so"
+    quiet = predict.replay(inv, steps(inv, ("global", coreml), ("local", cmsis)))
+    assert (quiet.outcome, quiet.confidence) == (Outcome.CLEAN, "high")
+    assert quiet.evidence == ("no library the steps bring in registers operators",)
+    runtime = predict.replay(inv, steps(inv, ("global", "lib/libexecutorch_etdump.so"),
+                                        ("global", "lib/libexecutorch.so")))
+    assert runtime.evidence == ("28 operator names registered into 1 registry copies, "
+                                "none of them twice into the same copy",)
+    [python] = steps(inv, ("local", QUANTIZED))
+    python = Step(StepKind.DLOPEN, python.lib, Flags.PYTHON, python.path)
+    assert predict.replay(inv, [python]).confidence == "low"
+
+
+def test_every_registry_kind_says_where_its_names_are_read_from():
+    from loadfuzz.elf.opnames import NAME_READERS
+    from loadfuzz.registries import REGISTRIES
+
+    assert {kind.names for kind in REGISTRIES} <= set(predict.READ_FROM) <= set(NAME_READERS)
+    assert {kind.confidence for kind in REGISTRIES} <= set(predict.CONFIDENCE)
 
 
 def test_on_the_torch_wheel_an_operator_of_the_dispatcher_s_own_library_is_a_mention(tmp_path):
@@ -90,3 +133,5 @@ def test_on_the_torch_wheel_an_operator_of_the_dispatcher_s_own_library_is_a_men
     prediction = summary["prediction"]
     assert prediction["agree"] + prediction["disagree_count"] == summary["trials"]
     assert prediction["agree"] >= 0.95 * summary["trials"], prediction["disagree"][:3]
+    assert sum(sum(tally.values()) for tally in prediction["by_confidence"].values()) == (
+        summary["trials"])

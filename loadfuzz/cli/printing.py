@@ -67,7 +67,7 @@ def scan_text(inv: Inventory, predictions: Sequence[Prediction]) -> str:
         for p in predictions:
             first, second = p.sequence[0], p.sequence[1]
             lines.append(f"  {first.lib} -> {second.lib} @ {first.flags.value}: "
-                         f"{p.outcome.value} {p.op or ''}".rstrip())
+                         f"{p.outcome.value} {p.op or ''} ({p.confidence} confidence)")
             lines.append(f"      {p.why}")
     lines += [f"warning: {warning}" for warning in inv.warnings]
     return "\n".join(lines)
