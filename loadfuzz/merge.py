@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from loadfuzz import plan
+from loadfuzz.baseline import Baseline
 from loadfuzz.elf.read import BadElf, ElfReader
 from loadfuzz.expect import Expectation, classify_findings
 from loadfuzz.model import Flags, Key, Role, TrialRecord, UsageError, json_key, sequence_key, spell_sequence
-from loadfuzz.predict import shared_definitions
+from loadfuzz.predict import MOST_DISAGREEMENTS, shared_definitions
 from loadfuzz.results import LOCK, ResultsFolder, finished_summary
 from loadfuzz.search.shrink import Identity, simplicity
 
@@ -261,6 +262,28 @@ def shared_symbols(reader: ElfReader, repro: str) -> list[str]:
         return []
 
 
+def whole_campaign_views(shards: Sequence[ShardFolder], findings: Sequence[dict],
+                         records: Sequence[dict]) -> dict[str, Any]:
+    """`prediction` (the shards' tallies added) and `baseline` (compared again over the whole
+    campaign, with the shards' --baseline folder) when the shards have them."""
+    extra: dict[str, Any] = {}
+    predictions = [shard.summary["prediction"] for shard in shards if "prediction" in shard.summary]
+    if predictions and len(predictions) == len(shards):
+        disagree = [d for p in predictions for d in p["disagree"]]
+        extra["prediction"] = {"agree": added(p["agree"] for p in predictions),
+                               "disagree_count": added(p["disagree_count"] for p in predictions),
+                               "disagree": disagree[:MOST_DISAGREEMENTS]}
+        if all("by_confidence" in p for p in predictions):
+            extra["prediction"]["by_confidence"] = added(p["by_confidence"] for p in predictions)
+    folders = {(shard.summary.get("baseline") or {}).get("folder") for shard in shards}
+    if len(folders) > 1:
+        raise UsageError("the shards were not compared with one and the same --baseline ("
+                         + ", ".join(sorted(str(f or "none") for f in folders)) + ")")
+    if (folder := folders.pop()) is not None:
+        extra["baseline"] = Baseline.read(Path(folder)).compare(findings, records)
+    return extra
+
+
 def merged_summary(shards: Sequence[ShardFolder], folders: Sequence[Path], out: Path,
                    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The summary of the whole campaign and every trial record, from its checked shards."""
@@ -283,6 +306,7 @@ def merged_summary(shards: Sequence[ShardFolder], folders: Sequence[Path], out: 
                  "max_len": first.get("max_len"), "db": dbs.pop() if len(dbs) == 1 else None,
                  "found": found}
     verdict = classified(findings, first["expectations"])
+    extra |= whole_campaign_views(shards, findings, records)
     summary = {
         "target": first["target"],
         "libraries": first["libraries"],
@@ -309,11 +333,15 @@ def merged_summary(shards: Sequence[ShardFolder], folders: Sequence[Path], out: 
     return summary, records
 
 
-def merge(folders: Sequence[Path], out: Path) -> tuple[dict[str, Any], list[TrialRecord]]:
+def merge(folders: Sequence[Path], out: Path, need_baseline: bool = False,
+          ) -> tuple[dict[str, Any], list[TrialRecord]]:
     """Read and check the shards' folders and `out`, then write the whole campaign into `out`:
-    trials.jsonl, summary.json and every report. The summary and every record."""
+    trials.jsonl, summary.json and every report. The summary and every record.
+    `need_baseline` (--fail-on new): the shards must have been compared with a --baseline."""
     shards = [read_folder(folder) for folder in folders]
     check_shards(shards)
+    if need_baseline and not all(shard.summary.get("baseline") for shard in shards):
+        raise UsageError("--fail-on new: the shards were not compared with a --baseline")
     folder = check_out(out)
     shards.sort(key=lambda shard: shard.shard.index)
     summary, trials = merged_summary(shards, folders, out)

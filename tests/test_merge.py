@@ -84,6 +84,30 @@ def test_the_shards_merge_into_exactly_the_whole_campaign(runs, tmp_path, expect
     assert sorted(p.name for p in (out / "repro").iterdir()) == ["001.sh", "002.sh"]
     junit = (out / "junit.xml").read_text()
     assert junit.count("<testcase ") == 72 and junit.count("<failure ") == len(whole["unexpected"])
+    assert merged["prediction"] == whole["prediction"]
+    assert [f["cause"]["libraries"] for f in merged["findings"]] == [
+        f["cause"]["libraries"] for f in whole["findings"]]
+
+
+def test_shards_compared_with_a_baseline_merge_into_the_whole_comparison(runs, tmp_path):
+    """The whole campaign without expectations is the baseline of the same campaign with
+    a quieter target: every finding of the baseline that the shards could see is `still`."""
+    whole_folder, _, _ = runs["none"]
+    shards = [tmp_path / f"shard{k}" for k in (1, 2, 3)]
+    for k, folder in enumerate(shards, start=1):
+        run(folder, "--shard", f"{k}/3", "--baseline", whole_folder)
+    done = loadfuzz("merge", *shards, "--out", tmp_path / "merged", "--json", "--fail-on", "new")
+    assert done.returncode == 0, done.stderr  # nothing is new since the baseline
+    baseline = json.loads(done.stdout)["baseline"]
+    assert (len(baseline["new"]), len(baseline["gone"]), len(baseline["still"])) == (0, 0, 2)
+    assert baseline["folder"] == str(whole_folder)
+
+
+def test_fail_on_new_needs_shards_that_had_a_baseline(runs, tmp_path):
+    _, _, shards = runs["none"]
+    done = loadfuzz("merge", *shards, "--out", tmp_path / "merged", "--fail-on", "new")
+    assert done.returncode == 2 and "--baseline" in done.stderr
+    assert not (tmp_path / "merged").exists()  # refused before anything is written
 
 
 def test_a_stale_entry_is_decided_over_the_whole_campaign(runs):

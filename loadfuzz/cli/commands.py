@@ -204,14 +204,14 @@ def cmd_merge(args: argparse.Namespace) -> int:
     from loadfuzz import merge
     from loadfuzz.campaign import exit_status
 
-    summary, records = merge.merge(args.folders, args.out)
+    summary, records = merge.merge(args.folders, args.out, need_baseline=args.fail_on == "new")
     if args.json:
         printing.print_json(summary)
     else:
         if summary["command"] == "matrix":
             print(printing.matrix_text(summary, records))
         printing.print_summary(summary)
-    return exit_status(summary)
+    return exit_status(summary, args.fail_on)
 
 
 COMMANDS = {"scan": cmd_scan, "run": cmd_run, "matrix": cmd_matrix, "fuzz": cmd_fuzz,

@@ -183,4 +183,7 @@ def build_parser() -> Parser:
     sub.add_argument("--out", type=Path, required=True, metavar="DIR",
                      help="results folder of the whole campaign (must not hold results)")
     sub.add_argument("--json", action="store_true", help="print the merged summary as JSON")
+    sub.add_argument("--fail-on", choices=("unexpected", "new"), default="unexpected",
+                     help="as the shards' --fail-on: exit 1 on any unexpected finding (default), "
+                          "or only on one new since their --baseline")
     return parser
