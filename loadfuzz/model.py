@@ -186,6 +186,22 @@ def headline(record: Mapping[str, Any]) -> str:
     return " ".join(str(p) for p in parts if p)
 
 
+def explanation(record: Mapping[str, Any]) -> list[str]:
+    """A finding's cause and fixes (JSON form) as plain lines, for the JUnit message, the pytest
+    failure, the HTML tooltip and the terminal; no lines when the record has no cause."""
+    cause = record.get("cause")
+    if not cause:
+        return []
+    lines = [f"cause: {cause['kind']} ({cause['evidence']})", cause["text"]]
+    lines += [f"copy: {c['lib']} ({c['how']})" for c in cause["libraries"]]
+    for symbol in cause["symbols"]:
+        bound = ", ".join(f"{b['from']} -> {b['to']}" for b in symbol["bindings"])
+        lines.append(f"symbol: {symbol['symbol']}" + (f", bound {bound}" if bound else ""))
+    lines += [f"fix{' (last resort)' if f['last_resort'] else ''}: {f['text']}"
+              for f in record.get("fixes", [])]
+    return lines
+
+
 # One letter per outcome, so that colour is never the only cue (terminal grid, heatmap).
 GLYPHS = {"clean": ".", "reregister": "R", "abort": "A", "crash": "C", "load-error": "L",
           "exit": "E", "timeout": "T"}

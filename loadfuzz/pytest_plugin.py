@@ -242,7 +242,7 @@ def headline(record: TrialRecord) -> str:
 
 def failure_text(record: TrialRecord) -> str:
     """What a failed pair shows: the headline first (pytest's summary line), the record last."""
-    from loadfuzz.report.view import explanation
+    from loadfuzz.model import explanation
 
     data = record.to_json()
     return "\n".join([

@@ -15,13 +15,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from loadfuzz.model import GLYPHS, headline, step_label
+from loadfuzz.model import GLYPHS, explanation, headline, step_label
 from loadfuzz.report.output import write_file
 from loadfuzz.report.view import (
     ENVIRONMENT_WHY,
     CampaignView,
     ended_in,
-    explanation,
     json_key,
     repro_path,
     visible,

@@ -14,12 +14,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from loadfuzz.model import headline
+from loadfuzz.model import explanation, headline
 from loadfuzz.report.output import write_file
 from loadfuzz.report.view import (
     ENVIRONMENT_WHY,
     CampaignView,
-    explanation,
     json_key,
     sequence_label,
 )

@@ -146,19 +146,3 @@ def script_name(number: int, total: int) -> str:
 def repro_path(campaign: CampaignView, record: Mapping[str, Any]) -> str | None:
     number = campaign.number.get(json_key(record))
     return None if number is None else f"repro/{script_name(number, len(campaign.findings))}"
-
-
-def explanation(record: Mapping[str, Any]) -> list[str]:
-    """A finding's cause and fixes (JSON form) as plain lines, for the JUnit message, the pytest
-    failure, the HTML tooltip and the terminal; no lines when the record has no cause."""
-    cause = record.get("cause")
-    if not cause:
-        return []
-    lines = [f"cause: {cause['kind']} ({cause['evidence']})", cause["text"]]
-    lines += [f"copy: {c['lib']} ({c['how']})" for c in cause["libraries"]]
-    for symbol in cause["symbols"]:
-        bound = ", ".join(f"{b['from']} -> {b['to']}" for b in symbol["bindings"])
-        lines.append(f"symbol: {symbol['symbol']}" + (f", bound {bound}" if bound else ""))
-    lines += [f"fix{' (last resort)' if f['last_resort'] else ''}: {f['text']}"
-              for f in record.get("fixes", [])]
-    return lines
