@@ -193,7 +193,8 @@ def explanation(record: Mapping[str, Any]) -> list[str]:
     if not cause:
         return []
     lines = [f"cause: {cause['kind']} ({cause['evidence']})", cause["text"]]
-    lines += [f"copy: {c['lib']} ({c['how']})" for c in cause["libraries"]]
+    noun = "copy" if cause["kind"].startswith("duplicate") else "library"
+    lines += [f"{noun}: {c['lib']} ({c['how']})" for c in cause["libraries"]]
     for symbol in cause["symbols"]:
         bound = ", ".join(f"{b['from']} -> {b['to']}" for b in symbol["bindings"])
         lines.append(f"symbol: {symbol['symbol']}" + (f", bound {bound}" if bound else ""))

@@ -85,7 +85,8 @@ def _md_cause(record: Mapping[str, Any]) -> list[str]:
     lines = [f"- Cause ({_md_code(cause['kind'])}, {cause['evidence']}): {_md_text(cause['text'])}"]
     copies = "; ".join(f"{_md_code(c['lib'])} ({_md_text(c['how'])})" for c in cause["libraries"])
     if copies:
-        lines.append(f"- Copies: {copies}")
+        noun = "Copies" if cause["kind"].startswith("duplicate") else "Libraries"
+        lines.append(f"- {noun}: {copies}")
     for symbol in cause["symbols"]:
         bound = ", ".join(f"{_md_code(b['from'])} -> {_md_code(b['to'])}" for b in symbol["bindings"])
         lines.append(f"- Symbol {_md_code(symbol['symbol'])}" + (f": bound {bound}" if bound else ""))
