@@ -26,6 +26,7 @@ from pathlib import Path
 
 from loadfuzz import predict, registries
 from loadfuzz.causes import CauseRule, Fields, load_causes
+from loadfuzz.elf.cache import ElfCache
 from loadfuzz.elf.read import STD_PREFIXES, BadElf, ElfFacts, ElfReader
 from loadfuzz.inventory import Inventory
 from loadfuzz.model import BoundSymbol, Carrier, Cause, Fix, Outcome, StepKind, TrialRecord
@@ -87,7 +88,7 @@ class Explainer:
 
     def __init__(self, inv: Inventory, reader: ElfReader | None = None):
         self.inv = inv
-        self.reader = reader or ElfReader()
+        self.reader = reader or ElfReader(ElfCache.default())
         self.rules = load_causes()
         self.owners = inv.by_identity()
         self.files = {facts.identity: facts for facts in inv.link_map.files.values()}
