@@ -30,6 +30,7 @@ from loadfuzz.elf.cache import ElfCache
 from loadfuzz.elf.read import STD_PREFIXES, BadElf, ElfFacts, ElfReader
 from loadfuzz.inventory import Inventory
 from loadfuzz.model import BoundSymbol, Carrier, Cause, Fix, Outcome, StepKind, TrialRecord
+from loadfuzz.run import ldtrace
 from loadfuzz.run.ldtrace import LoaderTrace
 
 # What the text says of a copy or a binding that neither the run nor the ELF files identify.
@@ -96,15 +97,19 @@ class Explainer:
         self._entries: dict[str, bool] = {}
 
     # -- what the confirmation run should keep of the loader's account -------------------
-    def keeps(self, caller: str, symbol: str, target: str) -> bool:
-        """A binding worth keeping: a registry entry point, or a reference that a library of the
-        inventory makes to a symbol it defines itself, bound to another object (interposition)."""
-        if caller == target or symbol.startswith(STD_PREFIXES):
-            return False
+    def keeps(self, caller: str, symbol: str, target: str) -> int:
+        """How much a binding is worth keeping (see `ldtrace.parse`): a registry entry point
+        always, even to the caller itself (a copy that keeps its registrations is news too); a
+        reference that a library of the inventory makes to a symbol it defines itself, bound to
+        another object (interposition), while there is room."""
+        if symbol.startswith(STD_PREFIXES):
+            return 0
         if self.is_entry(symbol):
-            return True
+            return ldtrace.ALWAYS
+        if caller == target:
+            return 0
         facts = self.facts(caller) if not is_system(caller) else None
-        return facts is not None and facts.identity in self.owners and symbol in facts.defines
+        return int(facts is not None and facts.identity in self.owners and symbol in facts.defines)
 
     def is_entry(self, symbol: str) -> bool:
         if symbol not in self._entries:
@@ -287,20 +292,22 @@ class Explainer:
         shared = len(set(first) & set(second))
         entry = names[copies[-1]][1] or names[copies[0]][1]
         bound = self.bindings(copies, entry, trace, record)
-        owner = next(iter(bound.values()), None)
+        owner = bound.get(copies[-1]) or next(iter(bound.values()), None)
         defined_by = tuple(self.name(record, o.path) for o in objects
                            if (f := self.facts(o.path)) is not None and entry in f.defines)
         symbol = BoundSymbol(registries.qualified_name(entry) or entry, entry, defined_by,
                              tuple((self.name(record, c), self.name(record, t))
                                    for c, t in bound.items()))
         conditions = set()
+        embedding = [self.name(record, c) for c in copies
+                     if (f := self.facts(c)) is not None and entry in f.defines]
+        if embedding:
+            conditions.add("static-copy")
         for caller, target in bound.items():
-            facts = self.facts(caller)
-            if facts is not None and entry in facts.defines:
-                conditions.add("static-copy")
             if target != caller and not self.in_closure(caller, target):
                 conditions.add("flags-decide")
         fields = dict(account.fields, count=str(shared), entry=symbol.symbol,
+                      embedding=" and ".join(embedding),
                       owner=self.name(record, owner),
                       more=f" (+{shared - 1} more)" if shared > 1 else "")
         return replace(account, symbols=(symbol,), fields=fields, conditions=frozenset(conditions))

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEBUG_CATEGORIES = "files,libs,bindings"
-MOST_BINDINGS = 500  # kept per trial, whatever `keep` says
+MOST_BINDINGS = 500  # kept per trial, but for those `keep` ranks ALWAYS
+ALWAYS = 2  # a rank `keep` may give a binding that must be kept whatever the count
 
 _PREFIX = re.compile(r"^\s*\d+:\s?")
 _ARRIVAL = re.compile(r"file=(?P<name>.+?) \[\d+\];  (?P<how>needed|dynamically loaded) by (?P<by>.+?) \[\d+\]$")
@@ -65,15 +66,16 @@ class LoaderTrace:
         return {b.caller: b.target for b in self.bindings if b.symbol == symbol}
 
 
-def keep_none(caller: str, symbol: str, target: str) -> bool:
-    return False
+def keep_none(caller: str, symbol: str, target: str) -> int:
+    return 0
 
 
 def parse(lines: Iterable[str],
-          keep: Callable[[str, str, str], bool] = keep_none) -> LoaderTrace:
+          keep: Callable[[str, str, str], int] = keep_none) -> LoaderTrace:
     """The trace in `lines` (LD_DEBUG output, any number of processes' files concatenated).
-    `keep(caller, symbol, target)` picks the bindings worth keeping; the cheap test comes
-    first, since libtorch alone brings hundreds of thousands."""
+    `keep(caller, symbol, target)` ranks a binding: false to drop it, true to keep it while
+    fewer than MOST_BINDINGS are kept, ALWAYS to keep it anyway. It should be cheap: libtorch
+    alone brings hundreds of thousands."""
     arrivals: list[Arrival] = []
     pending: dict[str, tuple[bool, str]] = {}  # name as requested -> (dlopened, by)
     tried = ""
@@ -83,8 +85,8 @@ def parse(lines: Iterable[str],
         line = _PREFIX.sub("", raw.rstrip("\n"), count=1)
         if line.startswith("binding file "):
             found = _BINDING.match(line)
-            if (found and len(bindings) < MOST_BINDINGS
-                    and keep(found["caller"], found["symbol"], found["target"])):
+            rank = found and keep(found["caller"], found["symbol"], found["target"])
+            if rank and (rank >= ALWAYS or len(bindings) < MOST_BINDINGS):
                 bindings.append(Binding(found["caller"], found["symbol"], found["target"]))
         elif (found := _TRYING.search(line)) is not None:
             tried = found["path"]
@@ -99,7 +101,7 @@ def parse(lines: Iterable[str],
     return LoaderTrace(tuple(arrivals), last_init, tuple(bindings))
 
 
-def read(path: Path, keep: Callable[[str, str, str], bool] = keep_none) -> LoaderTrace:
+def read(path: Path, keep: Callable[[str, str, str], int] = keep_none) -> LoaderTrace:
     """The trace in one `LD_DEBUG_OUTPUT` file (the loader names it `<prefix>.<pid>`);
     empty when the file is not there."""
     try:
