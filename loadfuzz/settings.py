@@ -43,10 +43,13 @@ class RunSettings:
     jobs: int = field(default_factory=lambda: os.cpu_count() or 1)
 
     def trials(self, inv: inventory.Inventory,
-               servers_for: tuple[inventory.Library, ...] | None = None) -> Trials:
+               servers_for: tuple[inventory.Library, ...] | None = None,
+               confirm: bool = True) -> Trials:
         """A runner for sequences of the inventory's libraries, its fork servers built for
-        `servers_for` (default: every library)."""
-        return Trials(self.limits, Tiers.of(inv.libraries, servers_for), cold=self.cold)
+        `servers_for` (default: every library); `confirm` False: findings are not confirmed
+        cold one by one (a search confirms those it reports)."""
+        return Trials(self.limits, Tiers.of(inv.libraries, servers_for), cold=self.cold,
+                      confirm=confirm)
 
 
 @dataclass(frozen=True)
