@@ -185,8 +185,9 @@ def confirm_all(findings: Findings, trials: Trials) -> list[TrialRecord]:
 def explore(findings: Findings, campaign: Prepared, options: FuzzOptions,
             db: DirectoryBasedExampleDatabase, base_seed: int, budget_end: float,
             warnings: list[str]) -> workers.Report:
-    """The three phases: replay, predicted, then the search on `--jobs` processes until the
-    budget is spent; what the search did. Every failure is kept in `findings`. Sequences
+    """The three phases: replay, predicted, then the search on `--jobs` processes (started
+    first, so that their start-up overlaps the other phases) until the budget is spent; what
+    the search did. Every failure is kept in `findings`. Sequences
     start with this shard's slice of the libraries."""
     inv, libs, settings_ = campaign.inv, campaign.libs, campaign.settings
     trials, runs = findings.run.trials, findings.run.runs
@@ -199,16 +200,19 @@ def explore(findings: Findings, campaign: Prepared, options: FuzzOptions,
     in_shard = [seq for seq in known if seq[0].lib in first_libs]
     predicted = [p.sequence for p in predict.predict(inv, libs, settings_.flags)
                  if p.sequence[0].lib in first_libs]
-    for phase, work in (("replay", in_shard), ("predicted", predicted)):
-        work = [seq for seq in work if sequence_key(seq) not in runs]
-        records = run_work(work, trials, campaign.folder, settings_.run.jobs, findings.run.watcher)
-        runs.update((record.key(), record) for record in records)
-        for record in records:
-            if not record.clean:
-                findings.keep(record, phase)
     plan_ = workers.Plan(inv, libs, settings_.run, findings.options, first, options.max_len,
                          base_seed, budget_end)
-    return workers.search(plan_, settings_.run.jobs, findings)
+    with workers.Workers(plan_, settings_.run.jobs, findings) as search:
+        for phase, work in (("replay", in_shard), ("predicted", predicted)):
+            work = [seq for seq in work if sequence_key(seq) not in runs]
+            records = run_work(work, trials, campaign.folder, settings_.run.jobs,
+                               findings.run.watcher)
+            runs.update((record.key(), record) for record in records)
+            for record in records:
+                if not record.clean:
+                    findings.keep(record, phase)
+                    search.known(record)
+        return search.listen()
 
 
 def db_folder(path: Path) -> Path:

@@ -26,11 +26,13 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import queue
 import select
 import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Sequence
@@ -136,9 +138,10 @@ class Inbox:
 
 
 class Worker:
-    """One worker process: its messages (`inbox`) and its stdin (`tell`)."""
+    """One worker process: its stdin (`tell`), and a thread that reads its messages into the
+    campaign's queue as they come, so that a worker never waits for the campaign to read."""
 
-    def __init__(self, assignment: Assignment):
+    def __init__(self, assignment: Assignment, messages: queue.SimpleQueue):
         read, write = os.pipe()
         try:
             self.proc = subprocess.Popen(
@@ -150,7 +153,16 @@ class Worker:
         finally:
             os.close(write)
         self.inbox, self.done = Inbox(read), False
+        self.reader = threading.Thread(target=self._read, args=(messages,), daemon=True)
+        self.reader.start()
         self.tell("assignment", assignment)
+
+    def _read(self, messages: queue.SimpleQueue) -> None:
+        """Every message, then (self, None) at the end of the pipe: the worker has ended."""
+        while (got := self.inbox.read()) is not None:
+            for message in got:
+                messages.put((self, message))
+        messages.put((self, None))
 
     def tell(self, kind: str, payload: object) -> None:
         assert self.proc.stdin is not None
@@ -158,7 +170,8 @@ class Worker:
             send(self.proc.stdin.fileno(), kind, payload)
 
     def stop(self) -> None:
-        """SIGTERM, then SIGKILL when it has not ended within STOP_WAIT_S; reaped either way."""
+        """SIGTERM, then SIGKILL when it has not ended within STOP_WAIT_S; reaped either way,
+        and its pipe read to the end before it is closed."""
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -166,53 +179,69 @@ class Worker:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        os.close(self.inbox.fd)
+        self.reader.join(timeout=STOP_WAIT_S)
+        if not self.reader.is_alive():  # else something still holds the pipe: leave it open
+            os.close(self.inbox.fd)
         if self.proc.stdin is not None:
-            self.proc.stdin.close()
+            with contextlib.suppress(BrokenPipeError):
+                self.proc.stdin.close()
 
 
-def search(plan: Plan, jobs: int, findings: Findings) -> Report:
-    """Run the search on `jobs` workers (no more than there are first steps) until the budget's
-    end; each record goes to `findings.run` (the folder), each failure is simplified into
-    `findings` as it arrives. Any exception (Ctrl-C, SIGTERM, a failed worker) stops every
-    worker before it propagates."""
-    jobs = min(jobs, len(plan.first))
-    report, began = Report(jobs=jobs), time.monotonic()
-    running: list[Worker] = []
-    try:
-        for index in range(jobs):
-            running.append(Worker(Assignment(plan, index, tuple(plan.first[index::jobs]),
-                                             os.getpid())))
-        listen(running, findings, report)
-    finally:
-        for worker in running:
+class Workers:
+    """The search's worker processes, started on entering (before the replay and predicted
+    phases, so that their start-up overlaps them) and stopped on leaving, whatever happens."""
+
+    def __init__(self, plan: Plan, jobs: int, findings: Findings):
+        self.plan, self.findings = plan, findings
+        self.jobs = min(jobs, len(plan.first))
+        self.report = Report(jobs=self.jobs)
+        self.messages: queue.SimpleQueue = queue.SimpleQueue()
+        self.running: list[Worker] = []
+        self.began = time.monotonic()
+
+    def __enter__(self) -> Workers:
+        try:
+            for index in range(self.jobs):
+                assignment = Assignment(self.plan, index, tuple(self.plan.first[index::self.jobs]),
+                                        os.getpid())
+                self.running.append(Worker(assignment, self.messages))
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for worker in self.running:
             worker.stop()
-        report.search_s = time.monotonic() - began
-    return report
+        self.report.search_s = time.monotonic() - self.began
 
+    def known(self, record: TrialRecord) -> None:
+        """Tell every worker about a failure, so that none raises it again."""
+        for worker in self.running:
+            worker.tell("known", Identity.of(record).rough(record))
 
-def listen(running: list[Worker], findings: Findings, report: Report) -> None:
-    """Read the workers' messages until every one has said `done`; between messages, simplify
-    the failures they found (the campaign's own trials)."""
-    waiting: list[TrialRecord] = []
-    live = list(running)
-    while live or waiting:
-        ready, _, _ = select.select([w.inbox.fd for w in live], [], [], 0 if waiting else 1.0)
-        for worker in [w for w in live if w.inbox.fd in ready]:
-            messages = worker.inbox.read()
-            if messages is None:
+    def listen(self) -> Report:
+        """Take the workers' messages until every one has ended, having said `done`; while
+        none is waiting, simplify the failures they found (with the campaign's own trials)."""
+        waiting: list[TrialRecord] = []
+        live = list(self.running)
+        while live or waiting:
+            try:
+                worker, message = self.messages.get(block=not waiting, timeout=1.0)
+            except queue.Empty:
+                if waiting:
+                    self.findings.keep(waiting.pop(0), "search")
+                continue
+            if message is None:
                 live.remove(worker)
                 if not worker.done:
                     raise RuntimeError(f"a search worker ended unexpectedly "
                                        f"(status {worker.proc.wait()})")
                 continue
-            for message in messages:
-                handle(message, worker, findings, report, waiting)
-                if message[0] == "failure":  # the others need not shrink it again
-                    for other in live:
-                        other.tell("known", Identity.of(message[1]).rough(message[1]))
-        if waiting and not ready:
-            findings.keep(waiting.pop(0), "search")
+            handle(message, worker, self.findings, self.report, waiting)
+            if message[0] == "failure":
+                self.known(message[1])
+        return self.report
 
 
 def handle(message: tuple, worker: Worker, findings: Findings, report: Report,
