@@ -90,6 +90,16 @@ class WarmPython:
             return started
         return (*started[:-1], HarnessStep("y", self.libpython, IMPORT_TORCH))
 
+    def answers(self) -> dict[str, bool]:
+        """What the probes said so far, by step source (for another runner: `learn`)."""
+        with self._lock:
+            return dict(self._torch_first)
+
+    def learn(self, answers: dict[str, bool]) -> None:
+        """Take the probes' answers of another runner of the same campaign."""
+        with self._lock:
+            self._torch_first.update(answers)
+
     def _imports_torch_first(self, step: HarnessStep, run: Callable[[HarnessStep], bytes]) -> bool:
         with self._lock:
             known = self._torch_first.get(step.code)

@@ -24,7 +24,10 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +40,7 @@ from loadfuzz.inventory import Inventory
 from loadfuzz.model import Flags, Step, StepKind, TrialRecord, UsageError, sequence_key
 from loadfuzz.model import Sequence as Steps
 from loadfuzz.results import utc_now
-from loadfuzz.run.trials import Trials
+from loadfuzz.run.trials import Trials, is_python
 from loadfuzz.search import workers
 from loadfuzz.search.shrink import Identity, simplicity, simplify
 
@@ -144,7 +147,7 @@ def run_fuzz(campaign: Prepared, options: FuzzOptions, watcher: Watcher,
             runs = findings.run.runs
             try:
                 search = explore(findings, campaign, options, db, base_seed, budget_end, warnings)
-                confirmed = confirm_all(findings, trials)
+                confirmed = confirm_all(findings, trials, settings_.run.jobs)
             except BaseException:
                 trials.close()
                 write_partial(campaign, list(runs.values()), list(findings.found.values()), trials,
@@ -168,14 +171,15 @@ def run_fuzz(campaign: Prepared, options: FuzzOptions, watcher: Watcher,
     return summary, records
 
 
-def confirm_all(findings: Findings, trials: Trials) -> list[TrialRecord]:
-    """The findings, simplest first, each confirmed cold; one the cold run calls clean is no
-    finding (the disagreement is kept in the summary)."""
+def confirm_all(findings: Findings, trials: Trials, jobs: int) -> list[TrialRecord]:
+    """The findings, simplest first, each confirmed cold (`jobs` at a time); one the cold run
+    calls clean is no finding (the disagreement is kept in the summary)."""
     ordered = sorted(findings.found.items(),
                      key=lambda item: simplicity(item[1].sequence, findings.options))
+    with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
+        colds = list(pool.map(trials.confirm, [record for _, record in ordered]))
     confirmed = []
-    for identity, record in ordered:
-        cold = trials.confirm(record)
+    for (identity, _), cold in zip(ordered, colds, strict=True):
         if not cold.clean:
             findings.origins.setdefault(Identity.of(cold), findings.origins[identity])
             confirmed.append(cold)
@@ -201,8 +205,9 @@ def explore(findings: Findings, campaign: Prepared, options: FuzzOptions,
     predicted = [p.sequence for p in predict.predict(inv, libs, settings_.flags)
                  if p.sequence[0].lib in first_libs]
     plan_ = workers.Plan(inv, libs, settings_.run, findings.options, first, options.max_len,
-                         base_seed, budget_end)
+                         base_seed, budget_end, tuple(sys.path))
     with workers.Workers(plan_, settings_.run.jobs, findings) as search:
+        search.probed(probe_all(trials, findings.options, settings_.run.jobs))
         for phase, work in (("replay", in_shard), ("predicted", predicted)):
             work = [seq for seq in work if sequence_key(seq) not in runs]
             records = run_work(work, trials, campaign.folder, settings_.run.jobs,
@@ -213,6 +218,15 @@ def explore(findings: Findings, campaign: Prepared, options: FuzzOptions,
                     findings.keep(record, phase)
                     search.known(record)
         return search.listen()
+
+
+def probe_all(trials: Trials, options: Sequence[Step], jobs: int) -> dict[str, bool]:
+    """Ask each Python step whether it imports torch first (`run.warm`), `jobs` at a time, once
+    for the campaign's process and all its workers; the answers."""
+    python_first = [(step,) for step in options if is_python(step)]
+    with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
+        list(pool.map(trials.preload_of, python_first))
+    return trials.warm.answers()
 
 
 def db_folder(path: Path) -> Path:

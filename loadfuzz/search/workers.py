@@ -1,16 +1,17 @@
 """Workers: the search phase on every core, one search process per slice of the first steps.
 
-`search` starts `--jobs` worker processes (`python -m loadfuzz.search.workers`).
+`Workers` starts `--jobs` worker processes (`python -m loadfuzz.search.workers`)
+before the replay and predicted phases, so that their start-up overlaps them.
 Worker *i* runs Hypothesis rounds (`rounds.Search`) over the sequences whose
 first step is in its slice of this shard's first steps (every jobs-th one),
 with its own fork servers and its own seeds, so no two workers ever run the
-same sequence. It sends each trial's record and each new failure,
-Hypothesis-shrunk, to the campaign's process over a pipe of its own (its
+same sequence. It sends each trial's record and each new failure, as
+Hypothesis found it, to the campaign's process over a pipe of its own (its
 descriptor is its one argument); the campaign's process is the only writer of
 the results folder, so every record reaches `trials.jsonl` whole, and it
 simplifies each failure once (`Findings.keep`) as they come. On the worker's
 stdin come its assignment, then the (rough) identity of each failure another
-worker found, so that it is not shrunk twice. Every message is a
+worker found, so that it does not raise it again. Every message is a
 length-prefixed pickle.
 
 Stopping: at the budget's end every worker finishes its trial and says
@@ -69,6 +70,7 @@ class Plan:
     max_len: int
     seed: int
     until: float
+    sys_path: tuple[str, ...]  # the campaign's: a Python step is the same import in every process
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,7 @@ class Report:
                 "servers": servers, "preload": list(dict.fromkeys(preload))}
 
 
-# --- the campaign's side -----------------------------------------------------------------
+# --- messages, both ways -----------------------------------------------------------------
 
 
 def send(fd: int, kind: str, payload: object) -> None:
@@ -135,6 +137,9 @@ class Inbox:
 
     def ready(self) -> bool:
         return bool(select.select([self.fd], [], [], 0)[0])
+
+
+# --- the campaign's side -----------------------------------------------------------------
 
 
 class Worker:
@@ -215,6 +220,12 @@ class Workers:
             worker.stop()
         self.report.search_s = time.monotonic() - self.began
 
+    def probed(self, answers: dict[str, bool]) -> None:
+        """Give every worker the probes' answers (see `run.warm`): it waits for them before
+        its first round, so that no step is probed twice."""
+        for worker in self.running:
+            worker.tell("probes", answers)
+
     def known(self, record: TrialRecord) -> None:
         """Tell every worker about a failure, so that none raises it again."""
         for worker in self.running:
@@ -279,17 +290,29 @@ class Outbox:
         self.send("trial", record)
 
 
-def work(assignment: Assignment, inbox: Inbox, outbox: Outbox) -> None:
-    """Hypothesis rounds until the budget's end; each new failure is sent as it is found."""
-    plan = assignment.plan
+def work(assignment: Assignment, inbox: Inbox, outbox: Outbox, news: list[tuple]) -> None:
+    """Hypothesis rounds until the budget's end, once the probes' answers came (`news`: the
+    messages read with the assignment); each new failure is sent as it is found."""
+    plan, probes, elsewhere = assignment.plan, None, []
+    while True:
+        for kind, payload in news:
+            elsewhere += [payload] if kind == "known" else []
+            probes = payload if kind == "probes" else probes
+        if probes is not None:
+            break
+        if (read := inbox.read()) is None:
+            return  # the campaign ended before the search began
+        news = read
 
     def found_elsewhere() -> list[tuple]:
         news = inbox.read() if inbox.ready() else []
         return [rough for kind, rough in news or () if kind == "known"]
 
     with plan.run.trials(plan.inv, plan.libs, confirm=False) as trials:
+        trials.warm.learn(probes or {})
         rounds = Search(plan.inv, RunOnce(trials, outbox, Quiet()),  # type: ignore[arg-type]
                         list(plan.options), found_elsewhere)
+        rounds.elsewhere.update(elsewhere)
         number = 0
         while time.monotonic() < plan.until:
             seed = plan.seed + 1_000_003 * assignment.index + number
@@ -311,10 +334,11 @@ def main() -> None:
         if got is None:
             return  # the campaign ended before it gave this worker anything to do
         messages = got
-    (_, assignment), *_ = messages
+    (_, assignment), *news = messages
+    sys.path[:] = assignment.plan.sys_path
     outbox = Outbox(int(sys.argv[1]), assignment.parent)
     try:
-        work(assignment, inbox, outbox)
+        work(assignment, inbox, outbox, news)
     except Exception:
         outbox.send("error", traceback.format_exc(limit=20))
         raise SystemExit(1) from None
