@@ -70,6 +70,7 @@ class WarmPython:
 
     libpython: Path | None
     torch_under_test: bool  # then no server imports torch
+    probing: bool = True  # False: a step no probe has answered for yet is taken as not first
     _torch_first: dict[str, bool] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -103,6 +104,8 @@ class WarmPython:
     def _imports_torch_first(self, step: HarnessStep, run: Callable[[HarnessStep], bytes]) -> bool:
         with self._lock:
             known = self._torch_first.get(step.code)
+        if known is None and not self.probing:
+            return False  # until another runner's probe says so (`learn`)
         if known is None:
             known = probe_says(run(HarnessStep("y", step.path, PROBE.format(source=step.code))))
             with self._lock:

@@ -143,8 +143,10 @@ class Inbox:
 
 
 class Worker:
-    """One worker process: its stdin (`tell`), and a thread that reads its messages into the
-    campaign's queue as they come, so that a worker never waits for the campaign to read."""
+    """One worker process: its stdin (`tell`, one message at a time), and a thread that reads
+    its messages into the campaign's queue as they come, so that a worker never waits for the
+    campaign to read. Its assignment (the inventory: megabytes) is written by a thread too,
+    so that the campaign goes on while the worker starts up."""
 
     def __init__(self, assignment: Assignment, messages: queue.SimpleQueue):
         read, write = os.pipe()
@@ -158,9 +160,10 @@ class Worker:
         finally:
             os.close(write)
         self.inbox, self.done = Inbox(read), False
+        self.telling = threading.Lock()
         self.reader = threading.Thread(target=self._read, args=(messages,), daemon=True)
         self.reader.start()
-        self.tell("assignment", assignment)
+        threading.Thread(target=self.tell, args=("assignment", assignment), daemon=True).start()
 
     def _read(self, messages: queue.SimpleQueue) -> None:
         """Every message, then (self, None) at the end of the pipe: the worker has ended."""
@@ -171,7 +174,8 @@ class Worker:
 
     def tell(self, kind: str, payload: object) -> None:
         assert self.proc.stdin is not None
-        with contextlib.suppress(BrokenPipeError):  # it has ended: its own message says how
+        # it has ended (its own message says how), or it is being stopped
+        with self.telling, contextlib.suppress(BrokenPipeError, ValueError, OSError):
             send(self.proc.stdin.fileno(), kind, payload)
 
     def stop(self) -> None:
@@ -188,7 +192,7 @@ class Worker:
         if not self.reader.is_alive():  # else something still holds the pipe: leave it open
             os.close(self.inbox.fd)
         if self.proc.stdin is not None:
-            with contextlib.suppress(BrokenPipeError):
+            with self.telling, contextlib.suppress(BrokenPipeError):  # no message half-written
                 self.proc.stdin.close()
 
 
@@ -221,8 +225,8 @@ class Workers:
         self.report.search_s = time.monotonic() - self.began
 
     def probed(self, answers: dict[str, bool]) -> None:
-        """Give every worker the probes' answers (see `run.warm`): it waits for them before
-        its first round, so that no step is probed twice."""
+        """Give every worker the probes' answers (see `run.warm`), so that no step is probed
+        twice; a worker takes them between rounds."""
         for worker in self.running:
             worker.tell("probes", answers)
 
@@ -291,30 +295,28 @@ class Outbox:
 
 
 def work(assignment: Assignment, inbox: Inbox, outbox: Outbox, news: list[tuple]) -> None:
-    """Hypothesis rounds until the budget's end, once the probes' answers came (`news`: the
-    messages read with the assignment); each new failure is sent as it is found."""
-    plan, probes, elsewhere = assignment.plan, None, []
-    while True:
-        for kind, payload in news:
-            elsewhere += [payload] if kind == "known" else []
-            probes = payload if kind == "probes" else probes
-        if probes is not None:
-            break
-        if (read := inbox.read()) is None:
-            return  # the campaign ended before the search began
-        news = read
-
-    def found_elsewhere() -> list[tuple]:
-        news = inbox.read() if inbox.ready() else []
-        return [rough for kind, rough in news or () if kind == "known"]
-
+    """Hypothesis rounds until the budget's end; each new failure is sent as it is found.
+    `news`: the messages read with the assignment. Until the campaign's probes answer (see
+    `Workers.probed`), a Python step is taken as not importing torch first."""
+    plan = assignment.plan
     with plan.run.trials(plan.inv, plan.libs, confirm=False) as trials:
-        trials.warm.learn(probes or {})
+        trials.warm.probing = False  # the campaign's process asks, once for all
+
+        def found_elsewhere() -> list[tuple]:
+            """The failures other processes found since last asked; the probes' answers are
+            taken in passing."""
+            got = news + (inbox.read() or [] if inbox.ready() else [])
+            news.clear()
+            for kind, payload in got:
+                if kind == "probes":
+                    trials.warm.learn(payload)
+            return [payload for kind, payload in got if kind == "known"]
+
         rounds = Search(plan.inv, RunOnce(trials, outbox, Quiet()),  # type: ignore[arg-type]
                         list(plan.options), found_elsewhere)
-        rounds.elsewhere.update(elsewhere)
         number = 0
         while time.monotonic() < plan.until:
+            rounds.elsewhere.update(found_elsewhere())
             seed = plan.seed + 1_000_003 * assignment.index + number
             for failure in rounds.round(seed, assignment.first, plan.max_len, plan.until):
                 outbox.send("failure", failure)
