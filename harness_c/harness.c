@@ -17,9 +17,11 @@
  *             (initialised on first use as the program LOADFUZZ_PYTHON names, so that
  *             sys.path and site are that interpreter's); an exception fails the step
  *   server -> parent (--status FD):
- *       READY <version> <pid>\n                      once, after preloading; version is
- *                                                    PROTOCOL_VERSION, checked by the parent
- *       PRELOAD-ERROR <len>\n<dlerror bytes>          instead, if a preload failed
+ *       READY <version> <pid> <out_total> <head_len> <tail_len>\n<head><tail>
+ *                                                    once, after preloading; version is
+ *                                                    PROTOCOL_VERSION, checked by the parent;
+ *                                                    then what a Python preload printed
+ *       PRELOAD-ERROR <len>\n<error bytes>            instead, if a preload failed
  *       RESULT <wait_status> <timed_out> <started> <done> <maxrss_kb> <elapsed_us>
  *              <out_total> <head_len> <tail_len> <err_len> <leftovers>\n
  *              <head bytes><tail bytes><err bytes>   after every trial
@@ -48,6 +50,13 @@
  * on one bounded capture pipe, RLIMIT_CORE 0, RLIMIT_AS as asked, its own
  * working folder, and SIGKILL when its server dies. The server ends, killing
  * its trial, as soon as its parent closes (or dies with) the control pipe.
+ *
+ * A server may also start its embedded interpreter before serving
+ * (--preload-python SOURCE, after libpython was preloaded RTLD_GLOBAL): it is
+ * initialised exactly as a trial's first `y` step would do it, then runs SOURCE
+ * (e.g. `import torch`), so that a trial whose first step is Python pays only
+ * its own import. It is refused (PRELOAD-ERROR) when the source fails or leaves
+ * a thread or a child process behind: fork copies one thread only.
  */
 #include <dirent.h>
 #include <dlfcn.h>
@@ -70,7 +79,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define PROTOCOL_VERSION 3 /* docs/protocol.md; bump on any change to a message */
+#define PROTOCOL_VERSION 4 /* docs/protocol.md; bump on any change to a message */
 #define MAX_STEPS 256
 #define HEAD_CAP (16 * 1024)
 #define TAIL_CAP (48 * 1024)
@@ -560,9 +569,41 @@ static void serve(int ctl, int status, int in_row) {
 
 /* ---- start-up ------------------------------------------------------------ */
 
+static void preload_error(int status, const char *why) {
+    dprintf(status >= 0 ? status : 1, "PRELOAD-ERROR %zu\n%s", strlen(why), why);
+    _exit(3);
+}
+
+/* Start the interpreter and run `source` in it, before any trial: what a trial's first
+ * `y` step would do first. What it prints goes into `cap`, for READY; what it leaves in
+ * stdio buffers stays there, so each trial flushes it as its own process would. */
+static void preload_python(const char *source, int status) {
+    static struct trace boot;
+    int saved[2] = {dup(1), dup(2)};
+    FILE *out = tmpfile();
+    if (!out || saved[0] < 0 || saved[1] < 0 || dup2(fileno(out), 1) < 0 || dup2(fileno(out), 2) < 0)
+        die("tmpfile");
+    int failed = run_python(source, &boot) < 0;
+    if (dup2(saved[0], 1) < 0 || dup2(saved[1], 2) < 0) die("dup2");
+    close(saved[0]);
+    close(saved[1]);
+    char buf[65536];
+    rewind(out);
+    for (size_t n; (n = fread(buf, 1, sizeof buf, out)) > 0;) keep_output(&cap, buf, n);
+    fclose(out);
+    char children[64];
+    snprintf(children, sizeof children, "/proc/self/task/%d/children", (int)getpid());
+    FILE *f = fopen(children, "r");
+    int child = f ? fgetc(f) : EOF;
+    if (f) fclose(f);
+    if (failed) preload_error(status, boot.err);
+    if (count_entries("/proc/self/task") != 1) preload_error(status, "the Python preload started a thread");
+    if (child != EOF) preload_error(status, "the Python preload started a process");
+}
+
 static void usage(void) {
     fprintf(stderr, "usage: harness --ctl FD --status FD [--parent PID] "
-                    "[--preload PATH]... [--preload-global PATH]...\n");
+                    "[--preload PATH]... [--preload-global PATH]... [--preload-python SOURCE]\n");
     exit(2);
 }
 
@@ -586,16 +627,19 @@ int main(int argc, char **argv) {
         else if (!strcmp(opt, "--parent")) parent = atol(val);
         else if (!strcmp(opt, "--preload") || !strcmp(opt, "--preload-global")) {
             int flags = RTLD_NOW | (opt[9] == '-' ? RTLD_GLOBAL : RTLD_LOCAL);
-            if (!dlopen(val, flags)) {
-                const char *e = dlerror();
-                dprintf(status >= 0 ? status : 1, "PRELOAD-ERROR %zu\n%s", strlen(e), e);
-                return 3;
-            }
+            if (!dlopen(val, flags)) preload_error(status, dlerror());
+        } else if (!strcmp(opt, "--preload-python")) {
+            preload_python(val, status);
         } else usage();
     }
     if (ctl < 0 || status < 0) usage();
     if (parent && getppid() != (pid_t)parent) return 0; /* the parent died before we started */
-    dprintf(status, "READY %d %d\n", PROTOCOL_VERSION, (int)getpid());
+    char head[128];
+    int hlen = snprintf(head, sizeof head, "READY %d %d %zu %zu %zu\n", PROTOCOL_VERSION,
+                        (int)getpid(), cap.total, cap.head_len, cap.tail_len);
+    write_all(status, head, (size_t)hlen);
+    write_all(status, cap.head, cap.head_len);
+    write_all(status, cap.tail, cap.tail_len);
     serve(ctl, status, 0);
     _exit(0);
 }

@@ -72,8 +72,8 @@ class Prepared:
     def out(self):
         return self.folder.out
 
-    def trials(self, servers_for: Sequence[Library] | None = None) -> Trials:
-        return self.settings.run.trials(self.inv, tuple(servers_for or self.libs))
+    def trials(self, servers_for: Sequence[Library] | None = None, confirm: bool = True) -> Trials:
+        return self.settings.run.trials(self.inv, tuple(servers_for or self.libs), confirm)
 
     def resume_command(self) -> str | None:
         """The command that continues this campaign (matrix only: fuzz and repro start anew)."""
@@ -130,6 +130,14 @@ class RunOnce:
     def knows(self, seq: Steps) -> bool:
         """Whether this sequence has run already (its record comes from memory)."""
         return sequence_key(seq) in self.runs
+
+    def take(self, record: TrialRecord) -> None:
+        """A record run elsewhere (a search worker): kept, and appended to the folder, unless
+        its sequence ran here already."""
+        if record.key() not in self.runs:
+            self.runs[record.key()] = record
+            self.folder.append(record)
+            self.watcher.finished(record)
 
     def __call__(self, seq: Steps) -> TrialRecord:
         key = sequence_key(seq)

@@ -44,11 +44,13 @@ class RunSettings:
     jobs: int = field(default_factory=lambda: os.cpu_count() or 1)
 
     def trials(self, inv: inventory.Inventory,
-               servers_for: tuple[inventory.Library, ...] | None = None) -> Trials:
+               servers_for: tuple[inventory.Library, ...] | None = None,
+               confirm: bool = True) -> Trials:
         """A runner for sequences of the inventory's libraries, its fork servers built for
-        `servers_for` (default: every library)."""
+        `servers_for` (default: every library); `confirm` False: findings are not confirmed
+        cold one by one (a search confirms those it reports)."""
         return Trials(self.limits, Tiers.of(inv.libraries, servers_for), cold=self.cold,
-                      explainer=Explainer(inv))
+                      confirm=confirm, explainer=Explainer(inv))
 
 
 @dataclass(frozen=True)

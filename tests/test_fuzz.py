@@ -9,13 +9,17 @@ them (a sequence of three).
 """
 
 import json
+import signal
+import subprocess
+import time
 
+import psutil
 import pytest
 
 from loadfuzz.model import Flags, Outcome, Role, Step, StepKind, TrialRecord
 from loadfuzz.plan import step_options
 from loadfuzz.search.shrink import simplify
-from support import FIXTURES, loadfuzz
+from support import FIXTURES, LOADFUZZ, loadfuzz
 
 CORPUS = FIXTURES / "corpus"
 PAIR = [("dlopen", "libcz_pair_a.so", "local"), ("dlopen", "libcz_pair_b.so", "local")]
@@ -29,10 +33,11 @@ def spelled(record):
 
 @pytest.fixture(scope="module")
 def campaigns(tmp_path_factory):
-    """A 60 s campaign on the corpus, then a short one on the same database."""
+    """A 60 s campaign on the corpus, searching on two processes, then a short one on the same
+    database."""
     base = tmp_path_factory.mktemp("fuzz")
     first = loadfuzz("fuzz", CORPUS, "--budget", "60s", "--seed", "7", "--db", base / "db",
-                     "--out", base / "first", "--json")
+                     "--out", base / "first", "--json", "--jobs", "2")
     second = loadfuzz("fuzz", CORPUS, "--budget", "3s", "--seed", "8", "--db", base / "db",
                       "--out", base / "second", "--json")
     return base, first, second
@@ -46,6 +51,17 @@ def test_a_campaign_finds_both_hidden_failures_each_shrunk_and_nothing_else(camp
     assert {r["op"] for r in summary["findings"]} == {"cz::pair_op.out", "cz::triple_op.out"}
     assert all(r["outcome"] == "reregister" for r in summary["findings"])
     assert summary["throughput"] > 0 and summary["trials"] > 100
+    assert all(r["via"] == "fork-server, confirmed cold" for r in summary["findings"])
+
+
+def test_the_search_runs_on_jobs_processes_and_their_trials_reach_the_one_folder_once(campaigns):
+    base, first, _ = campaigns
+    summary = json.loads(first.stdout)
+    assert summary["jobs"] == 2 and summary["rounds"] >= 2
+    lines = (base / "first" / "trials.jsonl").read_text().splitlines()
+    firsts = {json.loads(line)["sequence"][0]["lib"] for line in lines}
+    assert len(firsts) == 9  # the slices of both workers: every library starts some sequence
+    assert summary["trials"] == len(lines)
 
 
 def test_the_next_campaign_replays_the_known_findings_first(campaigns):
@@ -67,7 +83,7 @@ def test_a_fuzz_campaign_writes_the_results_folder_with_one_testcase_per_finding
 
 
 def test_the_summary_prints_the_throughput(tmp_path):
-    done = loadfuzz("fuzz", CORPUS, "--select", "libcz_quiet_*", "--budget", "2s",
+    done = loadfuzz("fuzz", CORPUS, "--select", "libcz_quiet_*", "--budget", "5s",
                     "--db", tmp_path / "db", "--out", tmp_path / "out")
     assert done.returncode == 0, done.stderr
     assert "throughput:" in done.stdout and "trials/s" in done.stdout
@@ -109,3 +125,55 @@ def test_python_extensions_can_also_be_imported_and_local_comes_before_global():
                            (Flags.GLOBAL, Flags.LOCAL))
     assert [o.spelling().split(":")[0] for o in options] == ["local", "global", "local",
                                                              "global", "py"]
+
+
+# --- stopping ---------------------------------------------------------------------------
+
+
+def family(pid):
+    """The process and every process below it, as they are now."""
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
+
+
+def still_running(processes):
+    running = []
+    for proc in processes:
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                running.append(proc)
+        except psutil.NoSuchProcess:
+            continue
+    return running
+
+
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL],
+                         ids=["ctrl-c", "sigterm", "sigkill"])
+def test_a_stopped_fuzz_campaign_keeps_whole_records_and_leaves_no_process_behind(tmp_path, how):
+    out = tmp_path / "out"
+    campaign = subprocess.Popen([str(LOADFUZZ), "fuzz", str(CORPUS), "--budget", "5m", "--jobs",
+                                 "2", "--db", str(tmp_path / "db"), "--out", str(out)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and campaign.poll() is None and not (
+            (out / "trials.jsonl").exists()
+            and (out / "trials.jsonl").read_bytes().count(b"\n") >= 100):
+        time.sleep(0.05)
+    everyone = family(campaign.pid)
+    workers = [p for p in everyone if "loadfuzz.search.workers" in " ".join(p.cmdline())]
+    assert len(workers) == 2 and len(everyone) > 3  # the workers and their fork servers
+    campaign.send_signal(how)
+    status = campaign.wait(timeout=60)
+    stderr = campaign.stderr.read()
+    assert status == (-how if how == signal.SIGKILL else 128 + how), stderr
+    if how != signal.SIGKILL:
+        assert f"stopped by {how.name}" in stderr and "Traceback" not in stderr, stderr
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["incomplete"] is True and summary["trials"] >= 100
+    lines = (out / "trials.jsonl").read_bytes().splitlines()
+    for line in lines[:-1] if how == signal.SIGKILL else lines:
+        json.loads(line)  # whole records (a SIGKILL may tear the last one)
+    deadline = time.monotonic() + 20
+    while still_running(everyone) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert still_running(everyone) == []

@@ -3,7 +3,10 @@
 A `Harness` is one harness process, a fork server: every trial is a child forked from it, so a trial is
 isolated whatever it does, and what the server preloaded (libpython, the
 libtorch closure) is paid for once. A cold trial is a fresh harness with
-nothing preloaded, used for one trial and closed.
+nothing preloaded, used for one trial and closed. A server can also have its
+interpreter started before it serves (a `y` step in its preload, e.g. `import
+torch`): what that printed opens the output of each of its trials, as it would
+open the output of a cold trial whose first step does the same.
 
 Trials that begin with the same steps (a matrix row) can share them: inside
 `with harness.sharing(prefix, limits)`, a row server forked from the server
@@ -35,7 +38,7 @@ from loadfuzz.run import ldtrace
 from loadfuzz.run.build import harness_binary
 from loadfuzz.run.ldtrace import LoaderTrace
 
-PROTOCOL_VERSION = 3  # harness_c/harness.c's PROTOCOL_VERSION: the greeting must say it
+PROTOCOL_VERSION = 4  # harness_c/harness.c's PROTOCOL_VERSION: the greeting must say it
 STARTUP_TIMEOUT_S = 120.0  # preloading libtorch on a cold disk can take a while
 MARGIN_S = 30.0  # on top of the step limits, before the server itself is presumed stuck
 
@@ -52,6 +55,7 @@ class HarnessStep:
     """One action as the harness takes it: a mode letter and a path (for `y`, Python source)."""
 
     mode: str  # g (dlopen RTLD_GLOBAL), l (RTLD_LOCAL) or y (run `code` as Python)
+    # In a preload, `y` starts the server's interpreter and runs `code` (after libpython, g).
     path: Path  # the library the step is about (for y: only for people)
     code: str = ""
 
@@ -116,12 +120,16 @@ class Harness:
         self._count = 0
         self.shared: SharedPrefix | None = None
         self.unshared = ""  # why the last prefix could not be shared
+        self.preface = SharedPrefix((), b"", 0)  # what a Python preload printed
         ctl_r, ctl_w = os.pipe()
         st_r, st_w = os.pipe()
         args = [str(harness_binary()), "--ctl", str(ctl_r), "--status", str(st_w)]
         args += ["--parent", str(os.getpid())]
         for step in self.preload:
-            args += ["--preload-global" if step.mode == "g" else "--preload", str(step.path)]
+            if step.mode == "y":
+                args += ["--preload-python", step.code]
+            else:
+                args += ["--preload-global" if step.mode == "g" else "--preload", str(step.path)]
         self._ctl, self._status = ctl_w, st_r
         self._buffer = b""
         try:
@@ -158,16 +166,22 @@ class Harness:
         return ldtrace.read(self.scratch.resolve() / f"ld-debug.{self.proc.pid}", keep)
 
     def _greeting(self) -> None:
-        header = self._read_line(time.monotonic() + STARTUP_TIMEOUT_S)
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        header = self._read_line(deadline)
         if header.startswith(b"PRELOAD-ERROR"):
             error = self._read_exact(int(header.split()[1]), time.monotonic() + 5)
             raise HarnessDied(f"preloading failed: {error.decode('utf-8', 'replace')}")
         fields = header.split()
-        if fields[:1] != [b"READY"] or len(fields) != 3:
+        if fields[:1] != [b"READY"] or len(fields) < 3:
             raise HarnessDied(f"unexpected greeting from the harness: {header!r}")
         if fields[1] != str(PROTOCOL_VERSION).encode():
             raise HarnessDied(f"the harness speaks protocol {fields[1].decode(errors='replace')}, "
                               f"this loadfuzz speaks {PROTOCOL_VERSION}")
+        if len(fields) != 6:
+            raise HarnessDied(f"unexpected greeting from the harness: {header!r}")
+        total, head_len, tail_len = (int(f) for f in fields[3:])
+        self.preface = SharedPrefix((), self._read_output(total, head_len, tail_len, deadline),
+                                    total)
 
     def __enter__(self) -> Harness:
         return self
@@ -290,8 +304,8 @@ class Harness:
             signal=os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
             timed_out=bool(timed_out),
             error=error if started > done else "",
-            output=shared.output + output,
-            output_bytes=shared.output_bytes + total,
+            output=self.preface.output + shared.output + output,
+            output_bytes=self.preface.output_bytes + shared.output_bytes + total,
             duration_s=elapsed_us / 1e6,
             peak_rss_mb=maxrss_kb / 1024,
             leftovers=leftovers,

@@ -4,7 +4,9 @@
 is forked from a fork server (see `pool` and `tiers`) that has preloaded what
 is not under test; every finding is then confirmed in a cold, fresh process
 before it is believed, and a disagreement between the two is kept, never
-hidden. With `cold=True` every trial is a fresh process.
+hidden. With `cold=True` every trial is a fresh process. A trial whose first
+step is Python forks from a server whose interpreter is already started
+(see `warm`).
 
 `run_all` runs a work list on `jobs` threads. Sequences that share a server
 and their first step (a matrix row) go together, as one batch: a row server
@@ -30,8 +32,9 @@ from loadfuzz.model import Flags, Sequence, Step, StepKind, TrialRecord, Verdict
 from loadfuzz.run import pycode
 from loadfuzz.run.harness import Harness, HarnessDied, HarnessStep, Limits
 from loadfuzz.run.ldtrace import LoaderTrace
-from loadfuzz.run.pool import ServerPool, Usage
+from loadfuzz.run.pool import Preload, ServerPool, Usage
 from loadfuzz.run.tiers import NO_TIERS, Tiers
+from loadfuzz.run.warm import WarmPython
 
 if TYPE_CHECKING:
     from loadfuzz.explain import Explainer
@@ -122,16 +125,23 @@ class Trials:
     """Runs sequences and returns their records; safe to call from several threads."""
 
     def __init__(self, limits: Limits = DEFAULT_LIMITS, tiers: Tiers = NO_TIERS, cold: bool = False,
-                 explainer: Explainer | None = None):
-        """`tiers`: what each sequence needs (libpython first?) and which server it forks from;
+                 confirm: bool = True, explainer: Explainer | None = None):
+        """`tiers`: what each sequence needs (libpython first?) and which server it forks from.
+        `confirm` False: a finding of a fork server is returned as it is (via "fork-server"),
+        for a search that confirms only the findings it reports (`confirm`).
         `explainer`: gives each finding its cause, from a cold run the loader reports on."""
         self.limits = limits
         self.explainer = explainer
         self.tiers = tiers
         self.cold = cold
+        self.confirm_each = confirm
         self.catalogue: tuple[Signature, ...] = load_catalogue()
         self.disagreements: list[Disagreement] = []
         self.pool = ServerPool()
+        torch_lib = hostenv.torch_lib_dir()
+        torch_root = torch_lib.parent if torch_lib is not None else None
+        self.warm = WarmPython(hostenv.libpython_path(), torch_root is not None and any(
+            path.is_relative_to(torch_root) for path in tiers.tiers))
         self._lock = threading.Lock()
 
     @property
@@ -208,11 +218,12 @@ class Trials:
             return observed
         return plain if plain.clean else self.explainer.explain(plain, None)
 
-    def _confirm(self, seq: Sequence, fast: TrialRecord) -> TrialRecord:
-        """A clean fast trial stands; a finding is believed only once a cold run agrees."""
-        if fast.clean:
+    def confirm(self, fast: TrialRecord) -> TrialRecord:
+        """A clean fast trial stands; a finding is believed only once a cold run agrees: the
+        cold record, with what the fast one said when they disagree (kept in `disagreements`)."""
+        if fast.clean or fast.via == "cold" or "confirmed cold" in fast.via:
             return fast
-        cold = self._cold_for(seq, fast)
+        cold = self._cold_for(fast.sequence, fast)
         if not same_verdict(fast, cold):
             with self._lock:
                 self.disagreements.append(Disagreement(fast, cold))
@@ -220,17 +231,39 @@ class Trials:
                                         f" {fast.signature or ''} {fast.detail}]".strip())
         return replace(cold, via=f"{fast.via}, confirmed cold")
 
+    def _confirm(self, fast: TrialRecord) -> TrialRecord:
+        return self.confirm(fast) if self.confirm_each else fast
+
+    def preload_of(self, seq: Sequence) -> Preload:
+        """What the server a trial forks from preloads: its tier's, with the interpreter
+        started (and torch imported) when its first step is Python (see `warm`)."""
+        steps, prelude = harness_steps(seq, self.tiers)
+        heavy = any(self.tiers.reaches_torch(s) for s in seq if s.kind is not StepKind.MODULE)
+        return self.warm.preload(self.tiers.preload(seq), steps, prelude, heavy, self._probe)
+
+    def _probe(self, preload: Preload, step: HarnessStep) -> bytes:
+        """The output of one step run in a server with this preload (nothing when none runs)."""
+        server = self.pool.take(preload)
+        if server is None:
+            return b""
+        try:
+            evidence = server.run([step], self.limits)
+        except HarnessDied:
+            return b""
+        self.pool.give_back(preload, server)
+        return evidence.output
+
     def run(self, seq: Sequence) -> TrialRecord:
         """One trial: from a fork server when one can run it, else cold."""
         if self.cold:
             return self.run_cold(seq)
-        preload = self.tiers.preload(seq)
+        preload = self.preload_of(seq)
         server = self.pool.take(preload)
         fast = self._fast(seq, "fork-server", server) if server is not None else None
         if fast is None:  # no server, or it died under the trial: the cold path decides
             return self.run_cold(seq)
         self.pool.give_back(preload, server)
-        return self._confirm(seq, fast)
+        return self._confirm(fast)
 
     def row_key(self, seq: Sequence) -> tuple | None:
         """What the trials that can share one row server have in common: their fork
@@ -239,7 +272,7 @@ class Trials:
         if self.cold or len(seq) < 2:
             return None
         steps, prelude = harness_steps(seq, self.tiers)
-        return self.tiers.preload(seq), tuple(steps[:prelude + 1])
+        return self.preload_of(seq), tuple(steps[:prelude + 1])
 
     def run_row(self, row: Sequence[Sequence]) -> Iterator[TrialRecord]:
         """The records of sequences of one row key, in order, each forked from a row
@@ -261,7 +294,7 @@ class Trials:
                     fast = self._fast(left[0], "shared prefix", server)
                     if fast is None:  # the server died: the rest go the usual way
                         break
-                    record = self._confirm(left[0], fast)
+                    record = self._confirm(fast)
                     left.pop(0)
                     yield record
             self.pool.give_back(preload, server)

@@ -1,2 +1,3 @@
 """Search: find load orders that fail and make them minimal. `shrink` (the shared minimiser),
-`fuzz` (Hypothesis exploration) and `repro` (from a crash log line to a minimal order)."""
+`fuzz` (Hypothesis exploration: its `rounds`, run by `workers` on every core) and `repro`
+(from a crash log line to a minimal order)."""

@@ -8,32 +8,30 @@ A campaign has three phases, all within one wall-clock `--budget`:
    in the first seconds.
 2. **predicted**: the ordered pairs `scan` predicts to collide are run next
    (guidance: what the ELF files say is tried early).
-3. **search**: Hypothesis draws sequences of 1..`--max-len` steps (a library,
-   and how it is loaded: `local`, `global`, or `py:` import for a Python
-   extension), in rounds of a fixed number of examples until the budget is
-   spent. A failure raises an exception whose *type* is made from its
-   identity, so Hypothesis tells failures apart and shrinks each one on its
-   own; `target()` pulls the search towards sequences the prediction calls
-   dangerous, but nothing it calls safe is skipped. A failure already known
-   is not raised again, so it cannot hide the next one.
+3. **search**: Hypothesis rounds (`rounds`) on every core (`workers`): `--jobs`
+   processes, each exploring the sequences that start with its slice of the
+   first steps, with its own fork servers, until the budget is spent.
 
 Every failure is then normalised by `simplify` (drop steps, earlier
-libraries, `local` before `global`) and deduplicated on its identity:
-(outcome, signature, operator, the set of libraries in its minimal sequence).
+libraries, `local` before `global`) once, in the campaign's own process, and
+deduplicated on its identity: (outcome, signature, operator, the set of
+libraries in its minimal sequence). Only the findings so made are confirmed
+cold before they are reported; the failing trials on the way are kept as their
+fork server saw them (`via` "fork-server").
 """
 
 from __future__ import annotations
 
 import json
 import random
+import sys
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, Phase, given, seed, settings, target
-from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from loadfuzz import plan, predict
@@ -42,32 +40,27 @@ from loadfuzz.inventory import Inventory
 from loadfuzz.model import Flags, Step, StepKind, TrialRecord, UsageError, sequence_key
 from loadfuzz.model import Sequence as Steps
 from loadfuzz.results import utc_now
+from loadfuzz.run.trials import Trials, is_python
+from loadfuzz.search import workers
 from loadfuzz.search.shrink import Identity, simplicity, simplify
-
-ROUND_EXAMPLES = 150  # examples per Hypothesis round; the budget is checked between rounds
-
-
-def sequences(options: Sequence[Step], first: Sequence[Step], max_len: int) -> st.SearchStrategy:
-    """Sequences of 1..max_len steps whose first step is one of `first` (this shard's)."""
-    return st.builds(lambda head, tail: (head, *tail), st.sampled_from(first),
-                     st.lists(st.sampled_from(options), max_size=max_len - 1))
 
 
 @dataclass
-class Fuzzer:
-    """One campaign's search state (mutable, owned by `command`)."""
+class Findings:
+    """The campaign's distinct failures, each simplified once (mutable, owned by `run_fuzz`)."""
 
-    inv: Inventory
-    run: RunOnce  # every trial of the campaign goes through it
+    run: RunOnce  # every trial of the campaign's own process goes through it
     options: list[Step]
+    until: float  # the budget's end: past it, simplifying tries only what ran already
     found: dict[Identity, TrialRecord] = field(default_factory=dict)
     origins: dict[Identity, tuple[str, float]] = field(default_factory=dict)
-    failure_types: dict[tuple, type] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
 
     def keep(self, record: TrialRecord, phase: str) -> None:
         """Simplify a failing record and keep it unless its identity is already known."""
-        minimal = simplify(record, self.run, self.options)
+        if self.known(record):
+            return  # its failure is kept already, simplified
+        minimal = simplify(record, self.within_budget, self.options)
         identity = Identity.of(minimal)
         best = self.found.get(identity)
         if best is None or simplicity(minimal.sequence, self.options) < simplicity(
@@ -75,63 +68,14 @@ class Fuzzer:
             self.found[identity] = minimal
         self.origins.setdefault(identity, (phase, round(time.monotonic() - self.started, 2)))
 
-    def failure_type(self, rough: tuple) -> type:
-        """One exception type per rough identity: how Hypothesis tells failures apart."""
-        if rough not in self.failure_types:
-            self.failure_types[rough] = type(f"LoadOrderFailure{len(self.failure_types)}",
-                                             (LoadOrderFailure,), {})
-        return self.failure_types[rough]
+    def within_budget(self, seq: Steps) -> TrialRecord | None:
+        if time.monotonic() >= self.until and not self.run.knows(seq):
+            return None
+        return self.run(seq)
 
     def known(self, record: TrialRecord) -> bool:
-        rough = Identity.of(record).rough(record)
-        return any(i.rough(r) == rough for i, r in self.found.items())
-
-    def search_round(self, number: int, base_seed: int, first: Sequence[Step],
-                     max_len: int, until: float) -> None:
-        """One Hypothesis run of ROUND_EXAMPLES examples; every failure it shrank is kept.
-        Past `until` (the budget's end) no new sequence runs: the round winds down at once
-        (a sequence already run answers from memory, so a failure stays a failure)."""
-
-        @seed(base_seed + number)
-        @settings(max_examples=ROUND_EXAMPLES, deadline=None, database=None,
-                  phases=(Phase.generate, Phase.target, Phase.shrink),
-                  report_multiple_bugs=True, suppress_health_check=list(HealthCheck),
-                  print_blob=False)
-        @given(sequences(self.options, first, max_len))
-        def explore(seq: Steps) -> None:
-            if time.monotonic() >= until and not self.run.knows(seq):
-                return
-            danger = predict.replay(self.inv, seq)
-            target(0.0 if danger.clean else 1.0, label="predicted to fail")
-            record = self.run(seq)
-            if not record.clean and not self.known(record):
-                identity = Identity.of(record)
-                raise self.failure_type(identity.rough(record))(record)
-
-        try:
-            explore()
-        except LoadOrderFailure as failure:
-            self.keep(failure.record, "search")
-        except BaseExceptionGroup as group:
-            _, rest = group.split(LoadOrderFailure)
-            for failure in leaves(group):
-                if isinstance(failure, LoadOrderFailure):
-                    self.keep(failure.record, "search")
-            if rest is not None:
-                raise rest from None
-
-
-class LoadOrderFailure(Exception):
-    def __init__(self, record: TrialRecord):
-        super().__init__(f"{record.outcome.value} {record.signature or ''} {record.op or ''}")
-        self.record = record
-
-
-def leaves(group: BaseExceptionGroup) -> list[BaseException]:
-    found: list[BaseException] = []
-    for item in group.exceptions:
-        found += leaves(item) if isinstance(item, BaseExceptionGroup) else [item]
-    return found
+        """Whether this failure, as it stands, is one already kept simplified."""
+        return Identity.of(record) in self.found
 
 
 # --- the example database: minimal sequences by target -------------------------------
@@ -194,29 +138,31 @@ def run_fuzz(campaign: Prepared, options: FuzzOptions, watcher: Watcher,
     started, clock = utc_now(), time.monotonic()
     campaign.folder.open()
     warnings: list[str] = []
+    search = workers.Report()
     try:
-        with campaign.trials() as trials:
-            fuzzer = Fuzzer(inv, RunOnce(trials, campaign.folder, watcher), step_choices)
-            runs = fuzzer.run.runs
+        # Findings are confirmed cold once simplified, not every failing trial on the way.
+        with campaign.trials(confirm=False) as trials:
+            findings = Findings(RunOnce(trials, campaign.folder, watcher), step_choices,
+                                budget_end)
+            runs = findings.run.runs
             try:
-                rounds = explore(fuzzer, campaign, options, db, base_seed, budget_end, warnings)
+                search = explore(findings, campaign, options, db, base_seed, budget_end, warnings)
+                confirmed = confirm_all(findings, trials, settings_.run.jobs)
             except BaseException:
                 trials.close()
-                write_partial(campaign, list(runs.values()), list(fuzzer.found.values()), trials,
+                write_partial(campaign, list(runs.values()), list(findings.found.values()), trials,
                               started, time.monotonic() - clock, "finding", seed=base_seed,
-                              warnings=warnings)
+                              warnings=warnings, **search.summary(trials))
                 raise
-            findings = sorted(fuzzer.found.values(),
-                              key=lambda r: simplicity(r.sequence, step_choices))
-            for record in findings:
+            for record in confirmed:
                 remember(inv, db, record)
             found = [{"sequence": [s.to_json() for s in r.sequence],
-                      "phase": fuzzer.origins[Identity.of(r)][0],
-                      "after_s": fuzzer.origins[Identity.of(r)][1]} for r in findings]
-            summary = summarize(campaign, runs.values(), findings, trials, started,
-                                time.monotonic() - clock, seed=base_seed, rounds=rounds,
-                                max_len=options.max_len, db=str(options.db), found=found,
-                                warnings=warnings)
+                      "phase": findings.origins[Identity.of(r)][0],
+                      "after_s": findings.origins[Identity.of(r)][1]} for r in confirmed]
+            summary = summarize(campaign, runs.values(), confirmed, trials, started,
+                                time.monotonic() - clock, seed=base_seed, max_len=options.max_len,
+                                db=str(options.db), found=found, warnings=warnings,
+                                **search.summary(trials))
     finally:
         watcher.close()
         campaign.folder.close()
@@ -225,16 +171,32 @@ def run_fuzz(campaign: Prepared, options: FuzzOptions, watcher: Watcher,
     return summary, records
 
 
-def explore(fuzzer: Fuzzer, campaign: Prepared, options: FuzzOptions,
+def confirm_all(findings: Findings, trials: Trials, jobs: int) -> list[TrialRecord]:
+    """The findings, simplest first, each confirmed cold (`jobs` at a time); one the cold run
+    calls clean is no finding (the disagreement is kept in the summary)."""
+    ordered = sorted(findings.found.items(),
+                     key=lambda item: simplicity(item[1].sequence, findings.options))
+    with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
+        colds = list(pool.map(trials.confirm, [record for _, record in ordered]))
+    confirmed = []
+    for (identity, _), cold in zip(ordered, colds, strict=True):
+        if not cold.clean:
+            findings.origins.setdefault(Identity.of(cold), findings.origins[identity])
+            confirmed.append(cold)
+    return confirmed
+
+
+def explore(findings: Findings, campaign: Prepared, options: FuzzOptions,
             db: DirectoryBasedExampleDatabase, base_seed: int, budget_end: float,
-            warnings: list[str]) -> int:
-    """The three phases: replay, predicted, then Hypothesis rounds until the budget is spent;
-    how many rounds ran. Every failure is kept in `fuzzer`. Sequences start with this
-    shard's slice of the libraries."""
+            warnings: list[str]) -> workers.Report:
+    """The three phases: replay, predicted, then the search on `--jobs` processes (started
+    first, so that their start-up overlaps the other phases) until the budget is spent; what
+    the search did. Every failure is kept in `findings`. Sequences
+    start with this shard's slice of the libraries."""
     inv, libs, settings_ = campaign.inv, campaign.libs, campaign.settings
-    trials, runs, rounds = fuzzer.run.trials, fuzzer.run.runs, 0
+    trials, runs = findings.run.trials, findings.run.runs
     first_libs = {lib.id for lib in settings_.shard.take(list(libs))}
-    first = [o for o in fuzzer.options if o.lib in first_libs]
+    first = [o for o in findings.options if o.lib in first_libs]
     known, unreadable = replayable(inv, db)
     if unreadable:
         warnings.append(f"--db {options.db}: ignored {unreadable} unreadable entr"
@@ -242,17 +204,29 @@ def explore(fuzzer: Fuzzer, campaign: Prepared, options: FuzzOptions,
     in_shard = [seq for seq in known if seq[0].lib in first_libs]
     predicted = [p.sequence for p in predict.predict(inv, libs, settings_.flags)
                  if p.sequence[0].lib in first_libs]
-    for phase, work in (("replay", in_shard), ("predicted", predicted)):
-        work = [seq for seq in work if sequence_key(seq) not in runs]
-        records = run_work(work, trials, campaign.folder, settings_.run.jobs, fuzzer.run.watcher)
-        runs.update((record.key(), record) for record in records)
-        for record in records:
-            if not record.clean:
-                fuzzer.keep(record, phase)
-    while time.monotonic() < budget_end and first:
-        fuzzer.search_round(rounds, base_seed, first, options.max_len, budget_end)
-        rounds += 1
-    return rounds
+    plan_ = workers.Plan(inv, libs, settings_.run, findings.options, first, options.max_len,
+                         base_seed, budget_end, tuple(sys.path))
+    with workers.Workers(plan_, settings_.run.jobs, findings) as search:
+        search.probed(probe_all(trials, findings.options, settings_.run.jobs))
+        for phase, work in (("replay", in_shard), ("predicted", predicted)):
+            work = [seq for seq in work if sequence_key(seq) not in runs]
+            records = run_work(work, trials, campaign.folder, settings_.run.jobs,
+                               findings.run.watcher)
+            runs.update((record.key(), record) for record in records)
+            for record in records:
+                if not record.clean:
+                    findings.keep(record, phase)
+                    search.known(record)
+        return search.listen()
+
+
+def probe_all(trials: Trials, options: Sequence[Step], jobs: int) -> dict[str, bool]:
+    """Ask each Python step whether it imports torch first (`run.warm`), `jobs` at a time, once
+    for the campaign's process and all its workers; the answers."""
+    python_first = [(step,) for step in options if is_python(step)]
+    with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
+        list(pool.map(trials.preload_of, python_first))
+    return trials.warm.answers()
 
 
 def db_folder(path: Path) -> Path:

@@ -41,20 +41,21 @@ class Identity:
         return (self.outcome, self.signature, self.op, record.sequence[record.step or 0].lib)
 
 
-def simplify(record: TrialRecord, run: Callable[[Steps], TrialRecord],
+def simplify(record: TrialRecord, run: Callable[[Steps], TrialRecord | None],
              options: Sequence[Step]) -> TrialRecord:
     """Greedy shrink to a fixpoint, keeping (outcome, signature, op): cut the steps after the
     failing one, drop steps, move to earlier options (earlier library, `local` before
-    `global`). Hypothesis has shrunk search findings already; this normalises the others."""
+    `global`). A candidate `run` does not try (None: no time left) is passed over."""
 
-    def same(candidate: TrialRecord) -> bool:
-        return (candidate.outcome, candidate.signature, candidate.op) == (
-            record.outcome, record.signature, record.op)
+    def same(candidate: TrialRecord | None) -> bool:
+        return candidate is not None and (candidate.outcome, candidate.signature,
+                                          candidate.op) == (record.outcome, record.signature,
+                                                            record.op)
 
     best = record
     if best.step is not None and best.step + 1 < len(best.sequence):
         cut = run(best.sequence[:best.step + 1])
-        best = cut if same(cut) else best
+        best = cut if cut is not None and same(cut) else best
     improved = True
     while improved:
         improved = False
@@ -66,7 +67,7 @@ def simplify(record: TrialRecord, run: Callable[[Steps], TrialRecord],
             candidates += [(*seq[:i], o, *seq[i + 1:]) for o in simpler]
         for candidate in candidates:
             tried = run(candidate)
-            if same(tried):
+            if tried is not None and same(tried):
                 best, improved = tried, True
                 break
     return best
