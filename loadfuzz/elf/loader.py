@@ -15,15 +15,21 @@ import sysconfig
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from loadfuzz import hostenv
 from loadfuzz.elf.read import ElfFacts, ElfReader
 
+if TYPE_CHECKING:
+    from loadfuzz.derived import Consulted
+
 
 def ld_so_conf(path: Path = Path("/etc/ld.so.conf"), seen: set[Path] | None = None) -> list[Path]:
-    """The folders /etc/ld.so.conf lists, following `include` lines, in order."""
+    """The folders /etc/ld.so.conf lists, following `include` lines, in order. `seen` gets
+    every path looked at: the files, and the folders their `include` patterns search."""
     seen = set() if seen is None else seen
     if path in seen or not path.is_file():
+        seen.add(path)
         return []
     seen.add(path)
     folders: list[Path] = []
@@ -32,6 +38,7 @@ def ld_so_conf(path: Path = Path("/etc/ld.so.conf"), seen: set[Path] | None = No
         if line.startswith("include"):
             pattern = line.split(None, 1)[1] if " " in line or "\t" in line else ""
             pattern = pattern if pattern.startswith("/") else str(path.parent / pattern)
+            seen.add(Path(pattern).parent)
             for included in sorted(glob.glob(pattern)):
                 folders += ld_so_conf(Path(included), seen)
         elif line and not line.startswith("hwcap"):
@@ -39,12 +46,17 @@ def ld_so_conf(path: Path = Path("/etc/ld.so.conf"), seen: set[Path] | None = No
     return folders
 
 
-def system_folders() -> tuple[Path, ...]:
-    """What the loader searches after a library's own paths: ld.so.conf, then the defaults."""
+def system_folders(consulted: Consulted | None = None) -> tuple[Path, ...]:
+    """What the loader searches after a library's own paths: ld.so.conf, then the defaults.
+    `consulted` gets the configuration files and folders read."""
     triplet = sysconfig.get_config_var("MULTIARCH") or ""
     defaults = [Path("/lib") / triplet, Path("/usr/lib") / triplet] if triplet else []
     defaults += [Path("/lib64"), Path("/usr/lib64"), Path("/lib"), Path("/usr/lib")]
-    return tuple(dict.fromkeys(ld_so_conf() + defaults))
+    seen: set[Path] = set()
+    folders = ld_so_conf(seen=seen)
+    for path in seen if consulted is not None else ():
+        consulted.note(path)
+    return tuple(dict.fromkeys(folders + defaults))
 
 
 @dataclass(frozen=True)
@@ -61,9 +73,13 @@ class SearchPath:
     system: tuple[Path, ...]
 
     @classmethod
-    def for_trials(cls) -> SearchPath:
+    def for_trials(cls, consulted: Consulted | None = None) -> SearchPath:
+        """`consulted` gets what decides it: the import path torch is looked for on, and the
+        loader's configuration files."""
         torch_lib = hostenv.torch_lib_dir()
-        return cls((torch_lib,) if torch_lib else (), system_folders())
+        if consulted is not None:
+            consulted.note_import_path()
+        return cls((torch_lib,) if torch_lib else (), system_folders(consulted))
 
     def folders(self, requester: ElfFacts) -> Iterator[Path]:
         origin = str(requester.path.parent)
@@ -82,6 +98,7 @@ class SearchPath:
             candidate = Path(os.path.abspath(requester.path.parent / name))
             return candidate if reader.matches(candidate) else None
         for folder in self.folders(requester):
+            reader.note(folder)  # a library added to it later would be found first
             candidate = Path(os.path.normpath(folder / name))
             if candidate.is_file() and reader.matches(candidate):
                 return candidate
