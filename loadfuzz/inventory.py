@@ -25,6 +25,7 @@ import fnmatch
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -97,6 +98,11 @@ class Library:
     # (kind, operator names in registration order) per registry it registers into
     registrations: tuple[tuple[str, tuple[str, ...]], ...] = ()
     entries: tuple[EntryPoints, ...] = ()  # its entry points, per registry kind it uses
+
+    @cached_property
+    def registered(self) -> Mapping[str, frozenset[str]]:
+        """Per registry kind, the operator names it registers, as a set (for lookups)."""
+        return {kind: frozenset(names) for kind, names in self.registrations}
 
     @property
     def reaches_torch(self) -> bool:

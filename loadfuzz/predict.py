@@ -30,7 +30,7 @@ from loadfuzz.elf.read import LOADER_HOOKS, STD_PREFIXES, ElfFacts
 from loadfuzz.inventory import Inventory, Library
 from loadfuzz.model import Flags, Outcome, Step, StepKind, TrialRecord
 from loadfuzz.plan import pairs
-from loadfuzz.registries import REGISTRY_BY_NAME
+from loadfuzz.registries import REGISTRY_BY_NAME, RegistryKind
 
 
 @dataclass(frozen=True)
@@ -63,8 +63,10 @@ class Process:
     by_name: dict[str, ElfFacts] = field(default_factory=dict)  # names answered by loaded objects
     loaded: dict[tuple[int, int], ElfFacts] = field(default_factory=dict)
     global_scope: list[ElfFacts] = field(default_factory=list)
-    # (registry kind, identity of the copy) -> {operator: id of the library that registered it}
-    registries: dict[tuple[str, tuple[int, int]], dict[str, str]] = field(default_factory=dict)
+    # (registry kind, identity of the copy) -> what was registered into it, in order:
+    # (id of the library, the operators it registered there)
+    registries: dict[tuple[str, tuple[int, int]], list[tuple[str, frozenset[str]]]] = field(
+        default_factory=dict)
     owners: dict[tuple[int, int], Library] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -117,24 +119,42 @@ class Process:
             copy = self.bind(obj, entries[kind_name].symbol, local)
             if copy is None:
                 continue
-            registry = self.registries.setdefault((kind_name, copy.identity), {})
+            registry = self.registries.setdefault((kind_name, copy.identity), [])
             owner = self.library(copy)
-            mentions = (set(dict(owner.registrations).get(kind_name, ()))
-                        if kind.owner_names_are_mentions and owner and owner is not lib else set())
-            for op in ops:
-                if op in mentions:
-                    continue  # the owner's own operator: spelled here, defined there
-                if op in registry:
-                    earlier = registry[op]
-                    shared = sum(1 for other in ops if other in registry)
-                    more = f" (+{shared - 1} more)" if shared > 1 else ""
-                    return Prediction(
-                        (), Outcome.REREGISTER, index, op, kind.signature,
-                        f"{earlier} and {lib.id} both register {op}{more} into "
-                        f"{kind.title}, and both bind its entry point to the copy in "
-                        f"{self.name_of(copy)}")
-                registry[op] = lib.id
+            mentions = (owner.registered.get(kind_name, frozenset())
+                        if kind.owner_names_are_mentions and owner and owner is not lib
+                        else frozenset())
+            names = lib.registered[kind_name]
+            names = names - mentions if mentions else names
+            if len(lib.registered[kind_name]) == len(ops) and all(
+                    names.isdisjoint(earlier) for _, earlier in registry):
+                registry.append((lib.id, names))  # nothing registered twice
+                continue
+            return self.collision(index, kind, lib, ops, mentions, registry, copy)
         return None
+
+    def collision(self, index: int, kind: RegistryKind, lib: Library, ops: Sequence[str],
+                  mentions: frozenset[str], registry: Sequence[tuple[str, frozenset[str]]],
+                  copy: ElfFacts) -> Prediction:
+        """The prediction when `lib` registers `ops` into a copy that already holds one: the
+        first operator registered twice, who registered it first, and how many more."""
+        first: dict[str, str] = {}  # operator -> the library that registered it first
+        for lib_id, names in registry:
+            for op in names:
+                first.setdefault(op, lib_id)
+        for op in ops:
+            if op in mentions:
+                continue  # the owner's own operator: spelled here, defined there
+            if op in first:
+                shared = sum(1 for other in ops if other in first)
+                more = f" (+{shared - 1} more)" if shared > 1 else ""
+                return Prediction(
+                    (), Outcome.REREGISTER, index, op, kind.signature,
+                    f"{first[op]} and {lib.id} both register {op}{more} into "
+                    f"{kind.title}, and both bind its entry point to the copy in "
+                    f"{self.name_of(copy)}")
+            first[op] = lib.id
+        raise AssertionError("a collision without an operator registered twice")
 
 
 def replay(inv: Inventory, sequence: Sequence[Step]) -> Prediction:

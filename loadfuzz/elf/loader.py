@@ -14,6 +14,7 @@ import os
 import sysconfig
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -116,6 +117,15 @@ class LinkMap:
     files: Mapping[Path, ElfFacts]
     links: Mapping[tuple[Path, str], Path | None]  # (requester, NEEDED name) -> file
 
+    @cached_property
+    def dependencies(self) -> Mapping[Path, tuple[tuple[str, ElfFacts | None], ...]]:
+        """Per file, each NEEDED name and the file it leads to (None: nobody provides it)."""
+        return {path: self.resolve(obj) for path, obj in self.files.items()}
+
+    def resolve(self, obj: ElfFacts) -> tuple[tuple[str, ElfFacts | None], ...]:
+        found = ((name, self.links.get((obj.path, name))) for name in obj.needed)
+        return tuple((name, None if path is None else self.files[path]) for name, path in found)
+
     def search_list(self, root: ElfFacts, loaded: Mapping[str, ElfFacts] | None = None,
                     ) -> tuple[list[ElfFacts], list[str]]:
         """The root and its dependencies in load order, and the NEEDED names nobody provides.
@@ -128,24 +138,26 @@ class LinkMap:
         by_identity = {obj.identity: obj for obj in by_name.values()}
         order, missing = [by_identity.get(root.identity, root)], []
         by_identity[root.identity] = order[0]
+        in_order = {root.identity}
         if root.soname:
             by_name.setdefault(root.soname, order[0])
         position = 0
         while position < len(order):
             obj = order[position]
             position += 1
-            for name in obj.needed:
+            needs = self.dependencies.get(obj.path)
+            for name, found in self.resolve(obj) if needs is None else needs:
                 dep = by_name.get(name)
                 if dep is None:
-                    path = self.links.get((obj.path, name))
-                    if path is None:
+                    if found is None:
                         missing.append(name)
                         continue
-                    dep = by_identity.setdefault(self.files[path].identity, self.files[path])
+                    dep = by_identity.setdefault(found.identity, found)
                     by_name[name] = dep
                     if dep.soname:
                         by_name.setdefault(dep.soname, dep)
-                if all(dep.identity != seen.identity for seen in order):
+                if dep.identity not in in_order:
+                    in_order.add(dep.identity)
                     order.append(dep)
         return order, list(dict.fromkeys(missing))
 
