@@ -150,10 +150,14 @@ class Inventory:
         return head if head in self.labels else None
 
     def get(self, lib_id: str) -> Library:
-        for lib in self.libraries:
-            if lib.id == lib_id:
-                return lib
-        raise UsageError(f"no library {lib_id!r} in {self.target}")
+        found = self.by_id.get(lib_id)
+        if found is None:
+            raise UsageError(f"no library {lib_id!r} in {self.target}")
+        return found
+
+    @cached_property
+    def by_id(self) -> Mapping[str, Library]:
+        return {lib.id: lib for lib in self.libraries}
 
     def select(self, globs: Sequence[str], exclude: Sequence[str] = ()) -> tuple[Library, ...]:
         """The libraries whose id matches any of `globs` (all without any) and none of `exclude`;
@@ -172,7 +176,9 @@ class Inventory:
     def locate(self, lib_id: str) -> Path:
         return self.get(lib_id).path
 
-    def by_identity(self) -> dict[tuple[int, int], Library]:
+    @cached_property
+    def by_identity(self) -> Mapping[tuple[int, int], Library]:
+        """The libraries by the identity of their file (device, inode)."""
         return {self.link_map.files[lib.path].identity: lib for lib in self.libraries}
 
 

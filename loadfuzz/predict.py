@@ -23,7 +23,7 @@ name) is still shared.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from loadfuzz.elf.read import LOADER_HOOKS, STD_PREFIXES, ElfFacts
@@ -67,10 +67,10 @@ class Process:
     # (id of the library, the operators it registered there)
     registries: dict[tuple[str, tuple[int, int]], list[tuple[str, frozenset[str]]]] = field(
         default_factory=dict)
-    owners: dict[tuple[int, int], Library] = field(default_factory=dict)
+    owners: Mapping[tuple[int, int], Library] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.owners = self.inv.by_identity()
+        self.owners = self.inv.by_identity
 
     def name_of(self, obj: ElfFacts) -> str:
         lib = self.owners.get(obj.identity)
