@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from loadfuzz import derived
+from loadfuzz import derived, inventory, inventory_cache
 from loadfuzz.cli import commands, main
 from loadfuzz.derived import Consulted, DerivedCache
-from support import FIXTURES, QUANTIZED, ROOT
+from support import FIXTURES, LEGACY_PLUGIN, QUANTIZED, ROOT
 
 CORPUS = FIXTURES / "corpus"
 FIXTURE_SOURCES = ROOT / "tests" / "fixtures"
@@ -204,3 +204,35 @@ def test_a_warm_scan_imports_neither_pyelftools_nor_the_inventory_nor_the_harnes
     assert "elftools" in runs[0].stderr  # the cold one read the files
     assert runs[1].stderr.strip() == "[]"
     assert runs[1].stdout == runs[0].stdout
+
+
+def snapshot(inv: inventory.Inventory) -> tuple:
+    """Everything an inventory says, with every file's facts."""
+    return (inv.target, inv.name, inv.version, inv.root, inv.libraries, inv.warnings,
+            dict(inv.link_map.files), dict(inv.link_map.links), inv.labels)
+
+
+@pytest.mark.parametrize("targets", [["executorch"], [str(CORPUS)], ["executorch", "torch"]])
+def test_a_campaigns_inventory_from_the_cache_is_the_one_read_from_the_files(
+        targets, tmp_path, monkeypatch):
+    cache = DerivedCache(tmp_path / "derived", settle_ns=0)
+    read = inventory.load_targets(targets, [LEGACY_PLUGIN])
+    reads = []
+    load_targets = inventory.load_targets
+    monkeypatch.setattr(inventory, "load_targets",
+                        lambda *args, **kwargs: reads.append(args) or load_targets(*args, **kwargs))
+    first = inventory_cache.load_targets(targets, [LEGACY_PLUGIN], cache=cache)
+    again = inventory_cache.load_targets(targets, [LEGACY_PLUGIN], cache=cache)
+    assert len(reads) == 1
+    assert snapshot(again) == snapshot(first) == snapshot(read)
+
+
+def test_a_cached_inventory_is_read_again_when_a_library_is_replaced(tmp_path):
+    cache = DerivedCache(tmp_path / "derived", settle_ns=0)
+    target = copy_of_corpus(tmp_path)
+    before = inventory_cache.load_targets([str(target)], cache=cache)
+    shutil.copyfile(QUANTIZED, target / "libcz_solo.so.new")
+    os.replace(target / "libcz_solo.so.new", target / "libcz_solo.so")
+    after = inventory_cache.load_targets([str(target)], cache=cache)
+    assert after.get("libcz_solo.so").registers != before.get("libcz_solo.so").registers
+    assert snapshot(after) == snapshot(inventory.load_targets([str(target)]))
