@@ -29,7 +29,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from loadfuzz import hostenv, targets
+from loadfuzz import hostenv
 from loadfuzz.elf.cache import ElfCache
 from loadfuzz.elf.loader import LinkMap, SearchPath, link_all
 from loadfuzz.elf.read import BadElf, ElfFacts, ElfReader
@@ -193,6 +193,8 @@ def load_target(target: str, add: Sequence[Path] = (), reader: ElfReader | None 
     `consulted` gets every path looked at (see `derived`); with a `reader`,
     it must be the reader's own.
     """
+    from loadfuzz import targets  # here: an inventory from the derived cache never needs it
+
     reader = reader or ElfReader(ElfCache.default(), consulted)
     found = targets.locate(target, reader.consulted)
     return build(target, found.name, found.version, found.root, found.files, add,
@@ -213,6 +215,8 @@ def load_targets(names: Sequence[str], add: Sequence[Path] = (), env: bool = Fal
         return load_target(names[0], add, reader, consulted)
     if not names and not env:
         raise UsageError("give a TARGET (one or several), or --env")
+    from loadfuzz import targets
+
     reader = reader or ElfReader(ElfCache.default(), consulted)
     found = ([targets.locate(name, reader.consulted) for name in names]
              + (targets.environment(reader.consulted) if env else []))
