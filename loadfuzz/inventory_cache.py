@@ -24,11 +24,22 @@ from loadfuzz.model import Role
 from loadfuzz.registries import EntryPoints
 
 
+def key_of(cache: DerivedCache, names: Sequence[str], add: Sequence[Path], env: bool) -> tuple:
+    return cache.key("inventory", (tuple(names), tuple(str(p) for p in add), env))
+
+
+def keep(cache: DerivedCache, names: Sequence[str], add: Sequence[Path], env: bool,
+         consulted: Consulted, started_ns: int, inv: Inventory) -> None:
+    """Keep an inventory read by another command (`scan`), so that a campaign on the same
+    targets starts from it."""
+    cache.keep(key_of(cache, names, add, env), consulted, started_ns, to_plain(inv))
+
+
 def load_targets(names: Sequence[str], add: Sequence[Path] = (), env: bool = False,
                  cache: DerivedCache | None = None) -> Inventory:
     """`inventory.load_targets(names, add, env)`, from the derived cache when it holds it."""
     cache = cache or DerivedCache.default()
-    key = cache.key("inventory", (tuple(names), tuple(str(p) for p in add), env))
+    key = key_of(cache, names, add, env)
     stored = cache.get(key)
     if stored is not None:
         try:

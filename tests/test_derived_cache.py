@@ -32,9 +32,9 @@ def scans(tmp_path, monkeypatch, capsys):
     derivations = []
     scan_output = commands.scan_output
 
-    def counting(args, consulted):
+    def counting(args, *rest):
         derivations.append(args.targets)
-        return scan_output(args, consulted)
+        return scan_output(args, *rest)
 
     monkeypatch.setattr(commands, "scan_output", counting)
 
@@ -75,7 +75,7 @@ def test_text_and_json_come_from_one_entry(scans, tmp_path, capsys):
     assert main(["scan", str(CORPUS)]) == 0
     text = capsys.readouterr().out
     assert "libcz_registry.so" in text and "predicted collisions" in text
-    assert len(list((tmp_path / "derived").glob("*.pickle"))) == 1
+    assert len(list((tmp_path / "derived").glob("*.pickle"))) == 2  # the output, the inventory
 
 
 def test_touching_a_library_sends_scan_back_to_the_files(scans, tmp_path):
@@ -140,7 +140,7 @@ def test_a_new_version_of_loadfuzz_does_not_read_the_old_ones_entries(scans, tmp
     monkeypatch.setattr(derived, "code_digest", lambda: "another loadfuzz")
     _, read_files = scans(str(CORPUS))
     assert read_files
-    assert len(list((tmp_path / "derived").glob("*.pickle"))) == 1  # replaced, not piled up
+    assert len(list((tmp_path / "derived").glob("*.pickle"))) == 2  # replaced, not piled up
 
 
 def test_a_result_of_files_changed_a_moment_ago_is_not_kept(tmp_path):
@@ -236,3 +236,13 @@ def test_a_cached_inventory_is_read_again_when_a_library_is_replaced(tmp_path):
     after = inventory_cache.load_targets([str(target)], cache=cache)
     assert after.get("libcz_solo.so").registers != before.get("libcz_solo.so").registers
     assert snapshot(after) == snapshot(inventory.load_targets([str(target)]))
+
+
+def test_a_campaign_after_a_scan_of_the_same_targets_starts_from_the_inventory_scan_read(
+        scans, tmp_path, monkeypatch):
+    target = str(copy_of_corpus(tmp_path))
+    scans(target)
+    monkeypatch.setattr(inventory, "load_targets", lambda *args, **kwargs: pytest.fail("read"))
+    cached = inventory_cache.load_targets([target], cache=DerivedCache.default())
+    monkeypatch.undo()
+    assert snapshot(cached) == snapshot(inventory.load_targets([target]))

@@ -25,7 +25,7 @@ from loadfuzz.model import Outcome, UsageError
 # what a warm `scan` costs).
 if TYPE_CHECKING:
     from loadfuzz.campaign import Prepared
-    from loadfuzz.derived import Consulted
+    from loadfuzz.derived import Consulted, DerivedCache
     from loadfuzz.run.harness import Limits
     from loadfuzz.settings import CampaignSettings
 
@@ -101,11 +101,14 @@ def interrupted(campaign: Prepared, stop: KeyboardInterrupt) -> int:
     return 128 + signum
 
 
-def scan_output(args: argparse.Namespace, consulted: Consulted) -> tuple[str, str]:
-    """What `scan` prints, as JSON and as text, read from the files (noted in `consulted`)."""
-    from loadfuzz import inventory, predict
+def scan_output(args: argparse.Namespace, consulted: Consulted, cache: DerivedCache,
+                started_ns: int) -> tuple[str, str]:
+    """What `scan` prints, as JSON and as text, read from the files (noted in `consulted`).
+    The inventory is kept too: a campaign on the same targets starts from it."""
+    from loadfuzz import inventory, inventory_cache, predict
 
     inv = inventory.load_targets(args.targets, args.add, args.env, consulted=consulted)
+    inventory_cache.keep(cache, args.targets, args.add, args.env, consulted, started_ns, inv)
     predictions = predict.predict(inv)
     return (printing.json_text(printing.scan_json(inv, predictions)),
             printing.scan_text(inv, predictions))
@@ -121,7 +124,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
     if not (isinstance(output, tuple) and len(output) == 2
             and all(isinstance(text, str) for text in output)):
         started, consulted = time.time_ns(), Consulted()
-        output = scan_output(args, consulted)
+        output = scan_output(args, consulted, cache, started)
         cache.keep(key, consulted, started, output)
     print(output[0] if args.json else output[1])
     return 0
