@@ -212,7 +212,7 @@ def run_matrix(campaign: Prepared, watcher: Watcher) -> tuple[dict[str, Any], li
     into the results folder; the summary and every record, reports written. Stopped (a signal)
     or failing, it leaves a partial summary and report of what finished, then raises."""
     settings = campaign.settings
-    work = settings.shard.take(plan.pairs(campaign.libs, settings.flags))
+    work = plan.pairs(campaign.libs, settings.flags, settings.shard)
     watcher.planned(len(work))
     started, clock = utc_now(), time.monotonic()
     campaign.folder.open()

@@ -91,7 +91,7 @@ class Explainer:
         self.inv = inv
         self.reader = reader or ElfReader(ElfCache.default())
         self.rules = load_causes()
-        self.owners = inv.by_identity()
+        self.owners = inv.by_identity
         self.files = {facts.identity: facts for facts in inv.link_map.files.values()}
         self._facts: dict[str, ElfFacts | None] = {}
         self._entries: dict[str, bool] = {}

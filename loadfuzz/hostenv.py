@@ -47,5 +47,6 @@ def python_paths() -> list[str]:
 
 
 def cache_folder() -> Path:
-    """Where loadfuzz keeps what it derives from files: the built harness, unpacked wheels."""
+    """Where loadfuzz keeps what it derives from files: the built harness, unpacked wheels,
+    what ELF files say (`elf/`) and what is derived from many (`derived/`)."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "loadfuzz"

@@ -25,14 +25,19 @@ import fnmatch
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from loadfuzz import hostenv, targets
+from loadfuzz import hostenv
 from loadfuzz.elf.cache import ElfCache
 from loadfuzz.elf.loader import LinkMap, SearchPath, link_all
 from loadfuzz.elf.read import BadElf, ElfFacts, ElfReader
 from loadfuzz.model import Role, UsageError
 from loadfuzz.registries import EntryPoints, entry_points, registrations
+
+if TYPE_CHECKING:
+    from loadfuzz.derived import Consulted
 
 # --- roles: the first rule that holds -----------------------------------------------
 
@@ -94,6 +99,11 @@ class Library:
     registrations: tuple[tuple[str, tuple[str, ...]], ...] = ()
     entries: tuple[EntryPoints, ...] = ()  # its entry points, per registry kind it uses
 
+    @cached_property
+    def registered(self) -> Mapping[str, frozenset[str]]:
+        """Per registry kind, the operator names it registers, as a set (for lookups)."""
+        return {kind: frozenset(names) for kind, names in self.registrations}
+
     @property
     def reaches_torch(self) -> bool:
         """Whether loading it maps PyTorch's libraries (it or its closure NEEDs them)."""
@@ -140,10 +150,14 @@ class Inventory:
         return head if head in self.labels else None
 
     def get(self, lib_id: str) -> Library:
-        for lib in self.libraries:
-            if lib.id == lib_id:
-                return lib
-        raise UsageError(f"no library {lib_id!r} in {self.target}")
+        found = self.by_id.get(lib_id)
+        if found is None:
+            raise UsageError(f"no library {lib_id!r} in {self.target}")
+        return found
+
+    @cached_property
+    def by_id(self) -> Mapping[str, Library]:
+        return {lib.id: lib for lib in self.libraries}
 
     def select(self, globs: Sequence[str], exclude: Sequence[str] = ()) -> tuple[Library, ...]:
         """The libraries whose id matches any of `globs` (all without any) and none of `exclude`;
@@ -162,37 +176,50 @@ class Inventory:
     def locate(self, lib_id: str) -> Path:
         return self.get(lib_id).path
 
-    def by_identity(self) -> dict[tuple[int, int], Library]:
+    @cached_property
+    def by_identity(self) -> Mapping[tuple[int, int], Library]:
+        """The libraries by the identity of their file (device, inode)."""
         return {self.link_map.files[lib.path].identity: lib for lib in self.libraries}
 
 
 def load_target(target: str, add: Sequence[Path] = (), reader: ElfReader | None = None,
-                ) -> Inventory:
+                consulted: Consulted | None = None) -> Inventory:
     """Inventory a target (a .whl, a directory, an installed distribution, or one .so) plus `add`.
 
     Raises UsageError on bad input. Files that cannot be read inside a
     folder are skipped with a warning; a single library given on its own
     (the target or an `--add`) must be readable. `reader` reads the files
     (default: one that keeps what it reads in the cache folder, `elf.cache`).
+    `consulted` gets every path looked at (see `derived`); with a `reader`,
+    it must be the reader's own.
     """
-    found = targets.locate(target)
+    from loadfuzz import targets  # here: an inventory from the derived cache never needs it
+
+    reader = reader or ElfReader(ElfCache.default(), consulted)
+    found = targets.locate(target, reader.consulted)
     return build(target, found.name, found.version, found.root, found.files, add,
                  strict=found.single, reader=reader)
 
 
 def load_targets(names: Sequence[str], add: Sequence[Path] = (), env: bool = False,
-                 reader: ElfReader | None = None) -> Inventory:
+                 reader: ElfReader | None = None, consulted: Consulted | None = None,
+                 ) -> Inventory:
     """Inventory one or several targets, or the whole environment (`env`), in one campaign.
 
     One target keeps its ids (`lib/x.so`). With several, or `env`, a library's id is
     `<name>-<version>/<path in its target>`, and a library of one target that NEEDs another
     target's is resolved as the installed layout resolves it (one link map over all).
+    `consulted`: as for `load_target`.
     """
     if len(names) == 1 and not env:
-        return load_target(names[0], add, reader)
+        return load_target(names[0], add, reader, consulted)
     if not names and not env:
         raise UsageError("give a TARGET (one or several), or --env")
-    found = [targets.locate(name) for name in names] + (targets.environment() if env else [])
+    from loadfuzz import targets
+
+    reader = reader or ElfReader(ElfCache.default(), consulted)
+    found = ([targets.locate(name, reader.consulted) for name in names]
+             + (targets.environment(reader.consulted) if env else []))
     files: dict[str, Path] = {}
     labels: list[str] = []
     for target in found:
@@ -240,7 +267,7 @@ def build(target: str, name: str, version: str | None, root: Path, files: Mappin
     if not chosen:
         why = f" ({len(warnings)} unreadable, e.g. {warnings[0]})" if warnings else ""
         raise UsageError(f"no ELF shared library in {target}{why}")
-    link_map = link_all(chosen.values(), reader, SearchPath.for_trials())
+    link_map = link_all(chosen.values(), reader, SearchPath.for_trials(reader.consulted))
     owners = {facts.identity: lib_id for lib_id, facts in chosen.items()}
     libraries = tuple(describe(lib_id, facts, link_map, owners, reader)
                       for lib_id, facts in sorted(chosen.items()))

@@ -8,6 +8,7 @@ libraries (matrix, prediction, fuzz, repro) builds them here.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -45,9 +46,10 @@ class Shard:
             raise UsageError(f"bad --shard {text!r}: expected K/N with 1 <= K <= N, e.g. 2/3")
         return cls(int(found[1]), int(found[2]))
 
-    def take(self, work: Sequence[T]) -> list[T]:
-        """Every N-th item, starting at the K-th: disjoint slices of even size."""
-        return [item for position, item in enumerate(work) if position % self.count == self.index - 1]
+    def take(self, work: Iterable[T]) -> list[T]:
+        """Every N-th item, starting at the K-th: disjoint slices of even size. `work` may be
+        an iterator: only this slice's items are kept."""
+        return list(itertools.islice(work, self.index - 1, None, self.count))
 
     @property
     def whole(self) -> bool:
@@ -71,14 +73,17 @@ def load(lib: Loadable, flags: Flags) -> Step:
     return dlopen(lib, flags)
 
 
-def pairs(libraries: Iterable[Loadable], flags: Sequence[Flags]) -> list[Steps]:
-    """Every ordered pair of distinct libraries, both loaded with the same flags mode.
+def pairs(libraries: Iterable[Loadable], flags: Sequence[Flags], shard: Shard = WHOLE,
+          ) -> list[Steps]:
+    """Every ordered pair of distinct libraries, both loaded with the same flags mode (only
+    `shard`'s slice of them: the steps of the other slices are never made).
 
     Grouped by flags mode, then by first library (a matrix row), then second.
     """
     libs = sorted(libraries, key=lambda lib: (lib.id, str(lib.path)))
-    return [(load(first, mode), load(second, mode))
-            for mode in flags for first in libs for second in libs if first.id != second.id]
+    every = ((mode, first, second)
+             for mode in flags for first in libs for second in libs if first.id != second.id)
+    return [(load(first, mode), load(second, mode)) for mode, first, second in shard.take(every)]
 
 
 def step_options(libs: Sequence[Loadable], flags: Sequence[Flags]) -> list[Step]:

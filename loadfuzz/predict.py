@@ -23,14 +23,14 @@ name) is still shared.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from loadfuzz.elf.read import LOADER_HOOKS, STD_PREFIXES, ElfFacts
 from loadfuzz.inventory import Inventory, Library
 from loadfuzz.model import Flags, Outcome, Step, StepKind, TrialRecord
 from loadfuzz.plan import pairs
-from loadfuzz.registries import REGISTRY_BY_NAME, qualified_name
+from loadfuzz.registries import REGISTRY_BY_NAME, RegistryKind, qualified_name
 
 
 @dataclass(frozen=True)
@@ -73,16 +73,18 @@ class Process:
     by_name: dict[str, ElfFacts] = field(default_factory=dict)  # names answered by loaded objects
     loaded: dict[tuple[int, int], ElfFacts] = field(default_factory=dict)
     global_scope: list[ElfFacts] = field(default_factory=list)
-    # (registry kind, identity of the copy) -> {operator: id of the library that registered it}
-    registries: dict[tuple[str, tuple[int, int]], dict[str, str]] = field(default_factory=dict)
-    owners: dict[tuple[int, int], Library] = field(default_factory=dict)
+    # (registry kind, identity of the copy) -> what was registered into it, in order:
+    # (id of the library, the operators it registered there)
+    registries: dict[tuple[str, tuple[int, int]], list[tuple[str, frozenset[str]]]] = field(
+        default_factory=dict)
+    owners: Mapping[tuple[int, int], Library] = field(default_factory=dict)
     # What happened, for explanations: (object, the step that brought it in), in load order,
     # and each registering call: (caller, entry point symbol, the copy it bound to).
     arrived: list[tuple[ElfFacts, int]] = field(default_factory=list)
     calls: list[tuple[ElfFacts, str, ElfFacts]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.owners = self.inv.by_identity()
+        self.owners = self.inv.by_identity
 
     def name_of(self, obj: ElfFacts) -> str:
         lib = self.owners.get(obj.identity)
@@ -143,28 +145,47 @@ class Process:
             if copy is None:
                 continue
             self.calls.append((obj, entries[kind_name].symbol, copy))
-            registry = self.registries.setdefault((kind_name, copy.identity), {})
+            registry = self.registries.setdefault((kind_name, copy.identity), [])
             owner = self.library(copy)
-            mentions = (set(dict(owner.registrations).get(kind_name, ()))
-                        if kind.owner_names_are_mentions and owner and owner is not lib else set())
-            for op in ops:
-                if op in mentions:
-                    continue  # the owner's own operator: spelled here, defined there
-                if op in registry:
-                    earlier = registry[op]
-                    shared = sum(1 for other in ops if other in registry)
-                    more = f" (+{shared - 1} more)" if shared > 1 else ""
-                    return Prediction(
-                        (), Outcome.REREGISTER, index, op, kind.signature,
-                        f"{earlier} and {lib.id} both register {op}{more} into "
-                        f"{kind.title}, and both bind its entry point to the copy in "
-                        f"{self.name_of(copy)}", kind.confidence,
-                        (f"{earlier} registers {op} ({READ_FROM[kind.names]})",
-                         f"{lib.id} registers {op}{more} too",
-                         f"{lib.id} binds {qualified_name(entries[kind_name].symbol)} to "
-                         f"{self.name_of(copy)} ({self.how_bound(obj, copy)})"))
-                registry[op] = lib.id
+            mentions = (owner.registered.get(kind_name, frozenset())
+                        if kind.owner_names_are_mentions and owner and owner is not lib
+                        else frozenset())
+            names = lib.registered[kind_name]
+            names = names - mentions if mentions else names
+            if len(lib.registered[kind_name]) == len(ops) and all(
+                    names.isdisjoint(earlier) for _, earlier in registry):
+                registry.append((lib.id, names))  # nothing registered twice
+                continue
+            return self.collision(index, kind, lib, ops, mentions, registry, copy)
         return None
+
+    def collision(self, index: int, kind: RegistryKind, lib: Library, ops: Sequence[str],
+                  mentions: frozenset[str], registry: Sequence[tuple[str, frozenset[str]]],
+                  copy: ElfFacts) -> Prediction:
+        """The prediction when `lib` registers `ops` into a copy that already holds one: the
+        first operator registered twice, who registered it first, and how many more."""
+        first: dict[str, str] = {}  # operator -> the library that registered it first
+        for lib_id, names in registry:
+            for op in names:
+                first.setdefault(op, lib_id)
+        for op in ops:
+            if op in mentions:
+                continue  # the owner's own operator: spelled here, defined there
+            if op in first:
+                shared = sum(1 for other in ops if other in first)
+                more = f" (+{shared - 1} more)" if shared > 1 else ""
+                caller, entry, _ = self.calls[-1]
+                return Prediction(
+                    (), Outcome.REREGISTER, index, op, kind.signature,
+                    f"{first[op]} and {lib.id} both register {op}{more} into "
+                    f"{kind.title}, and both bind its entry point to the copy in "
+                    f"{self.name_of(copy)}", kind.confidence,
+                    (f"{first[op]} registers {op} ({READ_FROM[kind.names]})",
+                     f"{lib.id} registers {op}{more} too",
+                     f"{lib.id} binds {qualified_name(entry)} to {self.name_of(copy)}"
+                     f" ({self.how_bound(caller, copy)})"))
+            first[op] = lib.id
+        raise AssertionError("a collision without an operator registered twice")
 
 
 def simulate(inv: Inventory, sequence: Sequence[Step]) -> tuple[Prediction, Process]:
@@ -189,7 +210,7 @@ def clean_prediction(sequence: tuple[Step, ...], process: Process, python: bool)
     if not kinds:
         return Prediction(sequence, Outcome.CLEAN, evidence=(
             "no library the steps bring in registers operators",))
-    names = sum(len(ops) for ops in process.registries.values())
+    names = sum(len(ops) for held in process.registries.values() for _, ops in held)
     worst = max((REGISTRY_BY_NAME[k].confidence for k in kinds), key=CONFIDENCE.index)
     return Prediction(sequence, Outcome.CLEAN, confidence=worst, evidence=(
         f"{names} operator names registered into {len(process.registries)} registry copies, "

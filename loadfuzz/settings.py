@@ -30,8 +30,11 @@ class TargetSpec:
     env: bool = False
 
     def load(self) -> tuple[inventory.Inventory, tuple[inventory.Library, ...]]:
-        """The targets' inventory and the selected libraries; UsageError on bad input."""
-        inv = inventory.load_targets(self.targets, self.add, self.env)
+        """The targets' inventory (from the derived cache while its files are unchanged) and
+        the selected libraries; UsageError on bad input."""
+        from loadfuzz import inventory_cache
+
+        inv = inventory_cache.load_targets(self.targets, self.add, self.env)
         return inv, inv.select(self.select, self.exclude)
 
 

@@ -4,7 +4,9 @@ A TARGET is a `.whl` (unpacked once into the cache, safely), a directory, an
 installed distribution's name, or one `.so`. `locate` turns it into a
 `TargetFiles`: the root that ids are relative to, the name and version for
 result folders, and every candidate library file by id. Nothing here reads
-ELF contents; `inventory` does.
+ELF contents; `inventory` does. Given a `derived.Consulted`, each function
+notes there every path it looked at (the folders walked, the wheel, the
+import path and the metadata files of installed distributions).
 """
 
 from __future__ import annotations
@@ -23,9 +25,13 @@ import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from loadfuzz import hostenv
 from loadfuzz.model import UsageError
+
+if TYPE_CHECKING:
+    from loadfuzz.derived import Consulted
 
 SO_FILE = re.compile(r".+\.so(\.\d+)*")
 
@@ -47,30 +53,34 @@ class TargetFiles:
         return f"{self.name}-{self.version or 'unversioned'}"
 
 
-def locate(target: str) -> TargetFiles:
+def locate(target: str, consulted: Consulted | None = None) -> TargetFiles:
     """The files of a .whl, a directory, an installed distribution or one .so; UsageError if none."""
     path = Path(target)
+    if consulted is not None:
+        consulted.note(path)  # a folder of this name would be the target, not a distribution
     if path.is_dir():
         root, name, version = path.absolute(), path.absolute().name, None
-        candidates = list(walk_libraries(root))
+        candidates = list(walk_libraries(root, consulted))
     elif path.is_file() and path.suffix == ".whl":
         root, name, version = unpack_wheel(path)
-        candidates = list(walk_libraries(root))
+        candidates = list(walk_libraries(root, consulted))
     elif path.is_file():
         root, name, version = path.absolute().parent, path.name.split(".")[0], None
         candidates = [path.absolute()]
     elif "/" in target or target.endswith((".whl", ".so")):
         raise UsageError(f"no such file or directory: {target}")
     else:
-        root, name, version, candidates = installed_distribution(target)
+        root, name, version, candidates = installed_distribution(target, consulted)
     files = {posixpath.join(*p.relative_to(root).parts): p for p in candidates}
     single = path.is_file() and path.suffix != ".whl"
     return TargetFiles(target, name, version, root, files, single)
 
 
-def walk_libraries(root: Path) -> Iterator[Path]:
+def walk_libraries(root: Path, consulted: Consulted | None = None) -> Iterator[Path]:
     """The shared-library files under a folder (symlinks are not followed nor listed)."""
     for folder, subfolders, names in os.walk(root):
+        if consulted is not None:
+            consulted.note(folder)  # a file added, removed or renamed in it changes it
         subfolders.sort()
         for name in sorted(names):
             candidate = Path(folder) / name
@@ -84,27 +94,35 @@ def package_root(base: Path, top_level: set[str]) -> Path:
     return base / folders[0] if len(top_level) == 1 and folders else base
 
 
-def installed_distribution(name: str) -> tuple[Path, str, str | None, list[Path]]:
+def installed_distribution(name: str, consulted: Consulted | None = None,
+                           ) -> tuple[Path, str, str | None, list[Path]]:
+    if consulted is not None:
+        consulted.note_import_path()  # where importlib looks for the distribution
     try:
         dist = importlib.metadata.distribution(name)
     except importlib.metadata.PackageNotFoundError:
         raise UsageError(f"no such file, directory or installed distribution: {name}") from None
-    return distribution_files(dist, name)
+    return distribution_files(dist, name, consulted)
 
 
-def environment() -> list[TargetFiles]:
+def environment(consulted: Consulted | None = None) -> list[TargetFiles]:
     """Every distribution installed in this environment that ships shared libraries, by name
     (`--env`); the first of two distributions with one name wins, as importlib has it."""
+    if consulted is not None:
+        consulted.note_import_path()
     found, seen = [], set()
     for dist in importlib.metadata.distributions():
         name = dist.metadata["Name"]
         if not name or name.lower() in seen:
             continue
         seen.add(name.lower())
-        if not any(parts and SO_FILE.fullmatch(parts[-1]) for parts in recorded_parts(dist)):
+        recorded = recorded_parts(dist)
+        if consulted is not None:
+            note_metadata(dist, recorded, consulted)
+        if not any(parts and SO_FILE.fullmatch(parts[-1]) for parts in recorded):
             continue
         try:
-            root, name, version, candidates = distribution_files(dist, name)
+            root, name, version, candidates = distribution_files(dist, name, consulted, recorded)
         except UsageError:
             continue  # it lists libraries but ships none here (symlinks, files outside it)
         files = {posixpath.join(*p.relative_to(root).parts): p for p in candidates}
@@ -113,19 +131,38 @@ def environment() -> list[TargetFiles]:
 
 
 def distribution_files(dist: importlib.metadata.Distribution, name: str,
+                       consulted: Consulted | None = None,
+                       recorded: list[tuple[str, ...]] | None = None,
                        ) -> tuple[Path, str, str | None, list[Path]]:
-    """(root, name, version, library files) of an installed distribution."""
-    records = [parts for parts in recorded_parts(dist) if parts and ".." not in parts]
+    """(root, name, version, library files) of an installed distribution (`recorded`: its
+    `recorded_parts`, when already read)."""
+    recorded = recorded_parts(dist) if recorded is None else recorded
+    records = [parts for parts in recorded if parts and ".." not in parts]
     base = Path(dist.locate_file(""))
     top_level = {parts[0] for parts in records if not parts[0].endswith((".dist-info", ".data"))}
     root = package_root(base, top_level)
     candidates = [Path(dist.locate_file(str(PurePosixPath(*parts)))) for parts in records
                   if SO_FILE.fullmatch(parts[-1])]
+    if consulted is not None:
+        note_metadata(dist, recorded, consulted)
+        for candidate in candidates:
+            consulted.note(candidate)
     candidates = sorted(p for p in candidates if p.is_file() and not p.is_symlink()
                         and p.is_relative_to(root))
     if not candidates:
         raise UsageError(f"no ELF shared library in the installed distribution {name}")
     return root, dist.metadata["Name"] or name, dist.version, candidates
+
+
+def note_metadata(dist: importlib.metadata.Distribution, recorded: list[tuple[str, ...]],
+                  consulted: Consulted) -> None:
+    """Note the files of a distribution's metadata folder (its RECORD and METADATA among
+    them) and that folder: what says which files it has, and its name and version."""
+    for parts in recorded:
+        if len(parts) == 2 and parts[0].endswith(".dist-info"):
+            path = Path(dist.locate_file(str(PurePosixPath(*parts))))
+            consulted.note(path)
+            consulted.note(path.parent)
 
 
 def recorded_parts(dist: importlib.metadata.Distribution) -> list[tuple[str, ...]]:

@@ -202,6 +202,20 @@ def campaign(extra: str = PLUGIN, not_run: int = 2) -> tuple[dict, list[dict]]:
     return summary, [t.to_json() for t in trials]
 
 
+def large_campaign(libraries: int = 120, ran: int = 600) -> tuple[dict, list[dict]]:
+    """(summary, trials) of one shard of a `matrix --flags global` over `libraries` no-op
+    libraries: its first `ran` pairs, clean but one unexpected collision (the second pair)."""
+    ids = [f"lib/libnoop{i:03d}.so" for i in range(libraries)]
+    pairs = [(a, b) for a in ids for b in ids if a != b][:ran]
+    trials = [record(a, b, "global") for a, b in pairs]
+    trials[1] = reregister(*pairs[1], "global")
+    summary = {"target": "noop", "libraries": ids, "flags": ["global"], "trials": len(trials),
+               "findings": [trials[1].to_json()], "unexpected": [trials[1].to_json()],
+               "stale": [], "command": "matrix", "version": None, "shard": "1/27",
+               "expected": [], "preload": [], "throughput": 500.0}
+    return summary, [t.to_json() for t in trials]
+
+
 class Cells(html.parser.HTMLParser):
     """The heatmap cells of a matrix.html: the attributes of every <td data-outcome>."""
 

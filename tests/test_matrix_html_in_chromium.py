@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 from loadfuzz.report import html as matrix_html
-from support import AWKWARD, WITH_PLUGIN, campaign, cells_of
+from support import AWKWARD, WITH_PLUGIN, campaign, cells_of, large_campaign
 
 CHROMIUM = Path("/usr/bin/chromium")
 QUIET = [
@@ -184,3 +184,18 @@ def test_a_screenshot_of_the_19_by_19_matrix_shows_each_cell_in_its_colour(
     assert pixel("clean/clean") == colour("clean")
     faded = pixel("reregister/expected")
     assert all(abs(a - b) <= 2 for a, b in zip(faded, colour("reregister", 0.45), strict=True))
+
+
+def test_in_a_large_matrix_a_bare_cell_still_says_its_pair_and_outcome(tmp_path: Path) -> None:
+    summary, trials = large_campaign(libraries=matrix_html.COMPACT_FROM)
+    page = matrix_html.write_matrix_html(tmp_path, summary, trials)
+    first, second = (step["lib"] for step in trials[0]["sequence"])
+    clicked = with_script(tmp_path, page, "document.querySelector('table.matrix td.clean')"
+                                          ".dispatchEvent(new MouseEvent('click', {bubbles: true}));")
+    found = elements_of(chromium(tmp_path, clicked, "--dump-dom").stdout)
+    assert "pinned" in found.attrs["details"].get("class", "").split()
+    assert found.text["details"] == f"{first} -> {second} @ global\noutcome: clean (clean)"
+    cells = matrix_html.COMPACT_FROM ** 2
+    assert found.text["clean"] == f"({len(trials) - 1})"
+    assert found.text["reregister"] == "(1)"
+    assert found.text["not-run"] == f"({cells - matrix_html.COMPACT_FROM - len(trials)})"

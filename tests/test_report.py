@@ -33,6 +33,7 @@ from support import (
     WITH_PLUGIN,
     campaign,
     cells_of,
+    large_campaign,
     pair_key,
 )
 
@@ -310,3 +311,42 @@ def test_matrix_html_column_headers_are_short_with_the_full_id_in_their_title(
         "executorch_kernels_quantized")
     assert matrix_html.short_name("extension/pybindings/_C.cpython-311-x86_64-linux-gnu.so") == "_C"
     assert matrix_html.short_name(AWKWARD) == "my plugin\\n<légacy> & \"quot…"
+
+
+class EveryCell(html.parser.HTMLParser):
+    """The attributes of every heatmap cell (<td> of a table.matrix)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cells: list[dict[str, str]] = []
+        self.in_matrix = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        values = {name: value or "" for name, value in attrs}
+        if tag == "table":
+            self.in_matrix = "matrix" in values.get("class", "").split()
+        elif tag == "td" and self.in_matrix:
+            self.cells.append(values)
+
+
+def test_a_matrix_of_many_libraries_carries_a_trial_only_in_the_cells_of_findings(
+        tmp_path: Path) -> None:
+    summary, trials = large_campaign(libraries=matrix_html.COMPACT_FROM)
+    page = matrix_html.write_matrix_html(tmp_path, summary, trials).read_text(encoding="utf-8")
+    parser = EveryCell()
+    parser.feed(page)
+    assert len(parser.cells) == matrix_html.COMPACT_FROM ** 2
+    [finding] = cells_of(page)  # the only cell with its trial: the collision
+    assert finding["data-outcome"] == "reregister" and finding["data-status"] == "unexpected"
+    assert finding["title"].endswith(f"repro: {summary['findings'][0]['repro']}")
+    bare = [cell for cell in parser.cells if "data-outcome" not in cell]
+    assert all(list(cell) == ["class"] for cell in bare)
+    assert Counter(cell["class"] for cell in bare) == {
+        "clean clean": len(trials) - 1, "diagonal diagonal": matrix_html.COMPACT_FROM,
+        "not-run not-run": matrix_html.COMPACT_FROM ** 2 - matrix_html.COMPACT_FROM - len(trials)}
+
+
+def test_a_matrix_just_below_the_compact_size_keeps_every_cells_trial(tmp_path: Path) -> None:
+    summary, trials = large_campaign(libraries=matrix_html.COMPACT_FROM - 1)
+    page = matrix_html.write_matrix_html(tmp_path, summary, trials).read_text(encoding="utf-8")
+    assert len(cells_of(page)) == (matrix_html.COMPACT_FROM - 1) ** 2

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,18 +19,22 @@ from typing import TYPE_CHECKING
 from loadfuzz.cli import printing
 from loadfuzz.cli.printing import Progress
 from loadfuzz.model import Outcome, UsageError
-from loadfuzz.run.harness import Limits
 
 # What a command needs is imported inside it: `scan` must not pay for Hypothesis, the
-# campaign, the reports or the harness pool (the start-up of every command is what a
-# warm `scan` costs).
+# campaign, the reports, the harness pool or pyelftools (the start-up of every command is
+# what a warm `scan` costs).
 if TYPE_CHECKING:
     from loadfuzz.campaign import Prepared
+    from loadfuzz.derived import Consulted, DerivedCache
+    from loadfuzz.run.harness import Limits
     from loadfuzz.settings import CampaignSettings
 
 
 def limits_of(args: argparse.Namespace) -> Limits:
-    return Limits(timeout_s=args.timeout, mem_mb=args.mem, at_exit=args.at_exit)
+    from loadfuzz.run.harness import Limits
+
+    mem = {} if args.mem is None else {"mem_mb": args.mem}  # None: the default ceiling
+    return Limits(timeout_s=args.timeout, at_exit=args.at_exit, **mem)
 
 
 def campaign_settings(args: argparse.Namespace, targets: list[str] | None = None,
@@ -96,15 +101,32 @@ def interrupted(campaign: Prepared, stop: KeyboardInterrupt) -> int:
     return 128 + signum
 
 
-def cmd_scan(args: argparse.Namespace) -> int:
-    from loadfuzz import inventory, predict
+def scan_output(args: argparse.Namespace, consulted: Consulted, cache: DerivedCache,
+                started_ns: int) -> tuple[str, str]:
+    """What `scan` prints, as JSON and as text, read from the files (noted in `consulted`).
+    The inventory is kept too: a campaign on the same targets starts from it."""
+    from loadfuzz import inventory, inventory_cache, predict
 
-    inv = inventory.load_targets(args.targets, args.add, args.env)
+    inv = inventory.load_targets(args.targets, args.add, args.env, consulted=consulted)
+    inventory_cache.keep(cache, args.targets, args.add, args.env, consulted, started_ns, inv)
     predictions = predict.predict(inv)
-    if args.json:
-        printing.print_json(printing.scan_json(inv, predictions))
-    else:
-        print(printing.scan_text(inv, predictions))
+    return (printing.json_text(printing.scan_json(inv, predictions)),
+            printing.scan_text(inv, predictions))
+
+
+def cmd_scan(args: argparse.Namespace) -> int:
+    """The output comes from the derived cache while no file it was read from has changed."""
+    from loadfuzz.derived import Consulted, DerivedCache
+
+    cache = DerivedCache.default()
+    key = cache.key("scan", (tuple(args.targets), tuple(str(p) for p in args.add), args.env))
+    output = cache.get(key)
+    if not (isinstance(output, tuple) and len(output) == 2
+            and all(isinstance(text, str) for text in output)):
+        started, consulted = time.time_ns(), Consulted()
+        output = scan_output(args, consulted, cache, started)
+        cache.keep(key, consulted, started, output)
+    print(output[0] if args.json else output[1])
     return 0
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 from loadfuzz.model import Flags, UsageError
 from loadfuzz.plan import WHOLE, Shard
-from loadfuzz.run.harness import Limits
 
 EXAMPLES = {
     "scan": """examples:
@@ -102,7 +101,7 @@ def build_parser() -> Parser:
     def limits(sub: Parser) -> None:
         sub.add_argument("--timeout", type=positive_float, default=10.0, metavar="S",
                          help="time limit of one step, in seconds (default 10)")
-        sub.add_argument("--mem", type=positive_int, default=Limits().mem_mb, metavar="MB",
+        sub.add_argument("--mem", type=positive_int, metavar="MB",  # default: Limits()'s
                          help="memory ceiling (RLIMIT_AS) of a trial in MiB")
         sub.add_argument("--at-exit", action="store_true",
                          help="end trials with exit(), running destructors (slower)")

@@ -19,8 +19,13 @@ if TYPE_CHECKING:  # only named in annotations: printing stays cheap to import
     from loadfuzz.predict import Prediction
 
 
+def json_text(data: Any) -> str:
+    """JSON as every command prints it."""
+    return json.dumps(data, indent=2, ensure_ascii=False)
+
+
 def print_json(data: Any) -> None:
-    print(json.dumps(data, indent=2, ensure_ascii=False))
+    print(json_text(data))
 
 
 # --- scan ------------------------------------------------------------------------------

@@ -10,10 +10,10 @@ st_ctime_ns). An entry whose key is not the wanted one is read again and
 replaced, so a file that changes, or a change to the readers, never brings
 back stale facts, and entries do not pile up for a path.
 
-Entries are written to a temporary file, then renamed over the old one
-(`os.replace`): concurrent campaigns only ever see whole entries. An entry
-that is torn, corrupt or unreadable is ignored (the file is read instead);
-an unwritable folder means nothing is kept. A file changed less than
+Entries are written and read by `entries`: whole (a temporary file renamed
+over the old one), so concurrent campaigns only ever see whole entries. An
+entry that is torn, corrupt or unreadable is ignored (the file is read
+instead); an unwritable folder means nothing is kept. A file changed less than
 `settle_ns` ago is read but not kept, as git does for "racily clean" files:
 a second change within the file system's timestamp granularity would
 otherwise go unseen. Entries are pickles of plain values (no class can be
@@ -22,41 +22,27 @@ named in them, so loading one runs no code) with a CRC of the payload.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import io
 import os
-import pickle
-import struct
-import tempfile
 import time
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-import elftools
-
-from loadfuzz import hostenv
+from loadfuzz import entries, hostenv
 from loadfuzz.elf import opnames, read
 from loadfuzz.elf.read import ElfFacts, Machine
+from loadfuzz.entries import PlainData  # noqa: F401  (what an entry may hold: plain values)
 
 FORMAT = 1
-MAGIC = b"loadfuzz-elf-cache\n"
-LENGTH = struct.Struct("<Q")  # the length of the pickled key, after MAGIC
 SETTLE_NS = 2_000_000_000
-
-
-class PlainData(pickle.Unpickler):
-    """Unpickles builtin values only (tuples, strings, numbers, frozensets): it names no class."""
-
-    def find_class(self, module: str, name: str):
-        raise pickle.UnpicklingError(f"{module}.{name}: a cache entry holds plain values only")
 
 
 def reader_version() -> str:
     """A digest of the code whose results are cached: a change to it invalidates every entry."""
+    import elftools  # here, not at the top: a command served by a warm cache never needs it
+
     digest = hashlib.sha256(f"{FORMAT} pyelftools {elftools.__version__}".encode())
-    for module in (read, opnames):
+    for module in (read, opnames, entries):
         digest.update(Path(module.__file__ or "").read_bytes())
     digest.update(Path(__file__).read_bytes())
     return digest.hexdigest()[:32]
@@ -124,50 +110,14 @@ class ElfCache:
 
     def load(self, key: tuple) -> object | None:
         """The payload kept under exactly this key, or None (none, another key, torn, corrupt)."""
-        try:
-            with open(self.entry(key), "rb") as stream:
-                blob = stream.read()
-        except OSError:
-            return None
-        try:
-            if not blob.startswith(MAGIC):
-                return None
-            start = len(MAGIC) + LENGTH.size
-            (head_length,) = LENGTH.unpack_from(blob, len(MAGIC))
-            head = PlainData(io.BytesIO(blob[start:start + head_length])).load()
-            if not isinstance(head, tuple) or head[:-2] != key:
-                return None
-            crc, length = head[-2:]
-            payload = memoryview(blob)[start + head_length:]
-            if len(payload) != length or zlib.crc32(payload) != crc:
-                return None
-            return PlainData(io.BytesIO(payload)).load()
-        except (pickle.UnpicklingError, struct.error, EOFError, TypeError, ValueError,
-                AttributeError, IndexError, KeyError, MemoryError, RecursionError):
-            return None
+        return entries.read(self.entry(key), key)
 
     def keep(self, key: tuple, path: Path, before: tuple[int, ...], payload: object) -> None:
         """Write an entry, unless the file changed while it was read or too recently to tell."""
         after = identity(path)
         if after != before or time.time_ns() - max(after[-2:]) < self.settle_ns:
             return
-        data = pickle.dumps(payload, protocol=5)
-        head = pickle.dumps((*key, zlib.crc32(data), len(data)), protocol=5)
-        try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            handle, temporary = tempfile.mkstemp(prefix=".writing-", dir=self.folder)
-        except OSError:
-            return
-        try:
-            with os.fdopen(handle, "wb") as stream:
-                stream.write(MAGIC + LENGTH.pack(len(head)) + head)
-                stream.write(data)
-            os.replace(temporary, self.entry(key))
-        except OSError:
-            forget(temporary)
-        except BaseException:
-            forget(temporary)
-            raise
+        entries.write(self.entry(key), key, payload)
 
 
 def identity(path: Path) -> tuple[int, int, int, int, int] | None:
@@ -177,11 +127,6 @@ def identity(path: Path) -> tuple[int, int, int, int, int] | None:
     except (OSError, ValueError):
         return None
     return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
-
-
-def forget(temporary: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(temporary)
 
 
 def facts_to(facts: ElfFacts) -> tuple:

@@ -14,16 +14,23 @@ import os
 import sysconfig
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from loadfuzz import hostenv
 from loadfuzz.elf.read import ElfFacts, ElfReader
 
+if TYPE_CHECKING:
+    from loadfuzz.derived import Consulted
+
 
 def ld_so_conf(path: Path = Path("/etc/ld.so.conf"), seen: set[Path] | None = None) -> list[Path]:
-    """The folders /etc/ld.so.conf lists, following `include` lines, in order."""
+    """The folders /etc/ld.so.conf lists, following `include` lines, in order. `seen` gets
+    every path looked at: the files, and the folders their `include` patterns search."""
     seen = set() if seen is None else seen
     if path in seen or not path.is_file():
+        seen.add(path)
         return []
     seen.add(path)
     folders: list[Path] = []
@@ -32,6 +39,7 @@ def ld_so_conf(path: Path = Path("/etc/ld.so.conf"), seen: set[Path] | None = No
         if line.startswith("include"):
             pattern = line.split(None, 1)[1] if " " in line or "\t" in line else ""
             pattern = pattern if pattern.startswith("/") else str(path.parent / pattern)
+            seen.add(Path(pattern).parent)
             for included in sorted(glob.glob(pattern)):
                 folders += ld_so_conf(Path(included), seen)
         elif line and not line.startswith("hwcap"):
@@ -39,12 +47,17 @@ def ld_so_conf(path: Path = Path("/etc/ld.so.conf"), seen: set[Path] | None = No
     return folders
 
 
-def system_folders() -> tuple[Path, ...]:
-    """What the loader searches after a library's own paths: ld.so.conf, then the defaults."""
+def system_folders(consulted: Consulted | None = None) -> tuple[Path, ...]:
+    """What the loader searches after a library's own paths: ld.so.conf, then the defaults.
+    `consulted` gets the configuration files and folders read."""
     triplet = sysconfig.get_config_var("MULTIARCH") or ""
     defaults = [Path("/lib") / triplet, Path("/usr/lib") / triplet] if triplet else []
     defaults += [Path("/lib64"), Path("/usr/lib64"), Path("/lib"), Path("/usr/lib")]
-    return tuple(dict.fromkeys(ld_so_conf() + defaults))
+    seen: set[Path] = set()
+    folders = ld_so_conf(seen=seen)
+    for path in seen if consulted is not None else ():
+        consulted.note(path)
+    return tuple(dict.fromkeys(folders + defaults))
 
 
 @dataclass(frozen=True)
@@ -61,9 +74,13 @@ class SearchPath:
     system: tuple[Path, ...]
 
     @classmethod
-    def for_trials(cls) -> SearchPath:
+    def for_trials(cls, consulted: Consulted | None = None) -> SearchPath:
+        """`consulted` gets what decides it: the import path torch is looked for on, and the
+        loader's configuration files."""
         torch_lib = hostenv.torch_lib_dir()
-        return cls((torch_lib,) if torch_lib else (), system_folders())
+        if consulted is not None:
+            consulted.note_import_path()
+        return cls((torch_lib,) if torch_lib else (), system_folders(consulted))
 
     def folders(self, requester: ElfFacts) -> Iterator[Path]:
         origin = str(requester.path.parent)
@@ -82,6 +99,7 @@ class SearchPath:
             candidate = Path(os.path.abspath(requester.path.parent / name))
             return candidate if reader.matches(candidate) else None
         for folder in self.folders(requester):
+            reader.note(folder)  # a library added to it later would be found first
             candidate = Path(os.path.normpath(folder / name))
             if candidate.is_file() and reader.matches(candidate):
                 return candidate
@@ -99,6 +117,15 @@ class LinkMap:
     files: Mapping[Path, ElfFacts]
     links: Mapping[tuple[Path, str], Path | None]  # (requester, NEEDED name) -> file
 
+    @cached_property
+    def dependencies(self) -> Mapping[Path, tuple[tuple[str, ElfFacts | None], ...]]:
+        """Per file, each NEEDED name and the file it leads to (None: nobody provides it)."""
+        return {path: self.resolve(obj) for path, obj in self.files.items()}
+
+    def resolve(self, obj: ElfFacts) -> tuple[tuple[str, ElfFacts | None], ...]:
+        found = ((name, self.links.get((obj.path, name))) for name in obj.needed)
+        return tuple((name, None if path is None else self.files[path]) for name, path in found)
+
     def search_list(self, root: ElfFacts, loaded: Mapping[str, ElfFacts] | None = None,
                     ) -> tuple[list[ElfFacts], list[str]]:
         """The root and its dependencies in load order, and the NEEDED names nobody provides.
@@ -111,24 +138,26 @@ class LinkMap:
         by_identity = {obj.identity: obj for obj in by_name.values()}
         order, missing = [by_identity.get(root.identity, root)], []
         by_identity[root.identity] = order[0]
+        in_order = {root.identity}
         if root.soname:
             by_name.setdefault(root.soname, order[0])
         position = 0
         while position < len(order):
             obj = order[position]
             position += 1
-            for name in obj.needed:
+            needs = self.dependencies.get(obj.path)
+            for name, found in self.resolve(obj) if needs is None else needs:
                 dep = by_name.get(name)
                 if dep is None:
-                    path = self.links.get((obj.path, name))
-                    if path is None:
+                    if found is None:
                         missing.append(name)
                         continue
-                    dep = by_identity.setdefault(self.files[path].identity, self.files[path])
+                    dep = by_identity.setdefault(found.identity, found)
                     by_name[name] = dep
                     if dep.soname:
                         by_name.setdefault(dep.soname, dep)
-                if all(dep.identity != seen.identity for seen in order):
+                if dep.identity not in in_order:
+                    in_order.add(dep.identity)
                     order.append(dep)
         return order, list(dict.fromkeys(missing))
 

@@ -20,8 +20,10 @@ import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from elftools.elf.elffile import ELFFile
+if TYPE_CHECKING:  # imported where a file is read (see `read`)
+    from elftools.elf.elffile import ELFFile
 
 # Read-only data that never holds string literals.
 NOT_STRINGS = (".eh_frame", ".eh_frame_hdr", ".gcc_except_table", ".interp", ".note")
@@ -187,5 +189,7 @@ NAME_READERS: Mapping[str, Callable[[ELFFile], tuple[str, ...]]] = {
 
 def read_names(path: Path, reader: str) -> tuple[str, ...]:
     """The operator names the reader `reader` (a key of NAME_READERS) finds in the file."""
+    from elftools.elf.elffile import ELFFile
+
     with open(path, "rb") as stream:
         return NAME_READERS[reader](ELFFile(stream))

@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from elftools.common.exceptions import ELFError, ELFParseError
-from elftools.elf.dynamic import DynamicSection
-from elftools.elf.elffile import ELFFile
-
 from loadfuzz.elf.opnames import read_names
 
+# pyelftools is imported where a file is parsed: a command whose answers come from a warm
+# cache (`elf.cache`, `derived`) never parses a file and never pays for importing it.
 if TYPE_CHECKING:
+    from elftools.elf.elffile import ELFFile
+
+    from loadfuzz.derived import Consulted
     from loadfuzz.elf.cache import ElfCache
 
 
@@ -75,6 +76,8 @@ class ElfFacts:
 
 def host_machine() -> Machine:
     """The ELF class and machine of the interpreter running loadfuzz: what trials can load."""
+    from elftools.elf.elffile import ELFFile
+
     with open(os.path.realpath(sys.executable), "rb") as stream:
         elf = ELFFile(stream)
         return Machine(elf.elfclass, elf.little_endian, elf["e_machine"])
@@ -84,19 +87,28 @@ class ElfReader:
     """Reads ELF files once each; one reader per inventory (what it keeps dies with it).
 
     With a `cache`, what was read from a file in an earlier command comes back
-    from it for as long as the file does not change.
+    from it for as long as the file does not change. With `consulted`, every
+    path it reads or is told about (`note`) is noted there: what a result
+    derived from its answers depends on (see `derived`).
     """
 
-    def __init__(self, cache: ElfCache | None = None) -> None:
+    def __init__(self, cache: ElfCache | None = None, consulted: Consulted | None = None) -> None:
         self.host = host_machine()
         self.cache = cache
+        self.consulted = consulted
         self._facts: dict[Path, ElfFacts | BadElf] = {}
         self._names: dict[tuple[Path, str], tuple[str, ...]] = {}
+
+    def note(self, path: Path) -> None:
+        """A path whose state the answers depend on besides the files read (a folder searched)."""
+        if self.consulted is not None:
+            self.consulted.note(path)
 
     def facts(self, path: Path) -> ElfFacts:
         """The facts of `path`; raises BadElf with the reason when it is unusable."""
         path = Path(os.path.abspath(path))
         if path not in self._facts:
+            self.note(path)
             try:
                 self._facts[path] = (self.cache.facts(path, self.host) if self.cache
                                      else read_facts(path, self.host))
@@ -111,6 +123,7 @@ class ElfReader:
         """The operator names `reader` (a key of `opnames.NAME_READERS`) finds in the file."""
         key = (Path(os.path.abspath(path)), reader)
         if key not in self._names:
+            self.note(key[0])
             self._names[key] = self.cache.names(*key) if self.cache else read_names(*key)
         return self._names[key]
 
@@ -124,6 +137,9 @@ class ElfReader:
 
 
 def read_facts(path: Path, host: Machine) -> ElfFacts:
+    from elftools.common.exceptions import ELFError, ELFParseError
+    from elftools.elf.elffile import ELFFile
+
     try:
         size = path.stat().st_size
         with open(path, "rb") as stream:
@@ -138,6 +154,8 @@ def read_facts(path: Path, host: Machine) -> ElfFacts:
 
 
 def parse_facts(path: Path, elf: ELFFile, size: int, host: Machine) -> ElfFacts:
+    from elftools.elf.dynamic import DynamicSection
+
     machine = Machine(elf.elfclass, elf.little_endian, elf["e_machine"])
     if machine != host:
         raise BadElf(f"{path}: a {machine} ELF file; this interpreter is {host}")

@@ -2,8 +2,12 @@
 
 Rows are the library loaded first, columns the one loaded second; each cell
 carries its outcome as a glyph and a colour, and its trial as a tooltip (a
-click pins it, so the repro command can be copied). The style sheet and the
-script are package data (`matrix.css`, `matrix.js`), inlined into the page.
+click pins it, so the repro command can be copied). From `COMPACT_FROM`
+libraries on (a panel of 10,000 cells), only the cells of findings carry their
+trial: any other cell is its class and glyph alone, and the script words its
+pair and outcome from the headers, so a page of 400 libraries stays a few
+megabytes and opens at once. The style sheet and the script are package data
+(`matrix.css`, `matrix.js`), inlined into the page.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ CELL_STYLES: dict[str, tuple[str, str, str]] = {
     state: ("" if state == "clean" else GLYPHS.get(state, ""), colour, text)
     for state, (colour, text) in _COLOURS_AND_TEXT.items()
 }
+COMPACT_FROM = 100  # libraries: from here on, a clean or empty cell is its class and glyph only
 FLAGS_MEANING = {"global": "RTLD_NOW | RTLD_GLOBAL", "local": "RTLD_NOW | RTLD_LOCAL",
                  "python": "as Python code loads it: import, torch.ops.load_library, ctypes.CDLL"}
 
@@ -124,9 +129,26 @@ def _html_cell(campaign: CampaignView, first: str, second: str, mode: str, col: 
     return f"<td{attrs}>{CELL_STYLES.get(state, ('?', '', ''))[0]}</td>"
 
 
+def _compact_cell(first: str, second: str, record: Mapping[str, Any] | None,
+                  edge: bool = False) -> str:
+    """A clean, diagonal or not-run cell of a large panel: its class and glyph, nothing else
+    (matrix.js words its pair and outcome from the row and column headers)."""
+    state = "diagonal" if first == second else "not-run" if record is None else "clean"
+    edge_class = " target-start" if edge else ""
+    return f'<td class="{state} {state}{edge_class}">{CELL_STYLES[state][0]}</td>'
+
+
 def _html_panel(campaign: CampaignView, mode: str, libraries: list[str],
                 pairs: Mapping[tuple[str, str, str], Mapping[str, Any]]) -> str:
     starts = target_starts(campaign, libraries)
+    compact = len(libraries) >= COMPACT_FROM
+
+    def cell(first: str, second: str, col: int) -> str:
+        record = pairs.get((first, second, mode))
+        if compact and (record is None or record["outcome"] == "clean"):
+            return _compact_cell(first, second, record, edge=col in starts)
+        return _html_cell(campaign, first, second, mode, col, record, edge=col in starts)
+
     head = "".join(
         f'<th class="col{" target-start" if c in starts else ""}"'
         f'{_attrs(title=lib, data_col=c)}><div>'
@@ -139,18 +161,14 @@ def _html_panel(campaign: CampaignView, mode: str, libraries: list[str],
         label = (f'<span class="num">{r + 1}</span> '
                  + (f'<span class="dir">{_e(directory)}/</span>' if directory else "")
                  + _e(name))
-        cells = "".join(
-            _html_cell(campaign, first, second, mode, c, pairs.get((first, second, mode)),
-                       edge=c in starts)
-            for c, second in enumerate(libraries)
-        )
+        cells = "".join(cell(first, second, c) for c, second in enumerate(libraries))
         row_class = ' class="target-start"' if r in starts else ""
         rows.append(f'<tr{row_class}><th class="row"{_attrs(title=first)}>{label}</th>{cells}</tr>')
     meaning = FLAGS_MEANING.get(mode, "steps with different flags")
     return (
         f'<section class="panel"{_attrs(data_flags=mode)}>'
         f"<h2>{_e(mode)} <small>({_e(meaning)})</small></h2>"
-        '<table class="matrix"><thead><tr>'
+        f'<table class="matrix{" compact" if compact else ""}"><thead><tr>'
         '<th class="corner">first &darr; &nbsp; then &rarr;</th>'
         f"{head}</tr></thead><tbody>\n" + "\n".join(rows) + "\n</tbody></table></section>"
     )

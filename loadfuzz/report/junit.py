@@ -72,11 +72,18 @@ def render_junit(campaign: CampaignView, per: str) -> str:
     if per == "pair":
         pairs = campaign.pairs()
         libraries = campaign.libraries()
-        wanted = [(a, b, m) for m in campaign.flags_modes() for a in libraries for b in libraries
-                  if a != b]
-        # A shard runs a slice of the pairs: the others are another shard's, not "not run".
-        listed = [p for p in wanted if p in pairs or not summary.get("shard")]
-        listed += sorted(set(pairs) - set(wanted))
+        at = {lib: i for i, lib in enumerate(libraries)}
+        modes = {mode: i for i, mode in enumerate(campaign.flags_modes())}
+
+        def wanted(pair: tuple[str, str, str]) -> bool:
+            return pair[0] in at and pair[1] in at and pair[0] != pair[1] and pair[2] in modes
+
+        if summary.get("shard"):  # a shard runs a slice of the pairs: the others are another
+            # shard's, not "not run" (and the whole list is never made)
+            listed = sorted(filter(wanted, pairs), key=lambda p: (modes[p[2]], at[p[0]], at[p[1]]))
+        else:
+            listed = [(a, b, m) for m in modes for a in libraries for b in libraries if a != b]
+        listed += sorted(p for p in pairs if not wanted(p))
         for first, second, mode in listed:
             _testcase(suite, classname, f"{first} -> {second} @ {mode}", campaign,
                       pairs.get((first, second, mode)))
