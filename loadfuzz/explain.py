@@ -95,23 +95,29 @@ class Explainer:
         self.files = {facts.identity: facts for facts in inv.link_map.files.values()}
         self._facts: dict[str, ElfFacts | None] = {}
         self._entries: dict[str, bool] = {}
+        self._callers: dict[str, ElfFacts | None] = {}  # a caller's facts, if it is the inventory's
+        self.hints = tuple(kind.hint for kind in registries.REGISTRIES)
 
     # -- what the confirmation run should keep of the loader's account -------------------
     def keeps(self, caller: str, symbol: str, target: str) -> int:
         """How much a binding is worth keeping (see `ldtrace.parse`): a registry entry point
         always, even to the caller itself (a copy that keeps its registrations is news too); a
         reference that a library of the inventory makes to a symbol it defines itself, bound to
-        another object (interposition), while there is room."""
-        if symbol.startswith(STD_PREFIXES):
-            return 0
+        another object (interposition), while there is room. Called for every binding of the
+        run (hundreds of thousands with libtorch): the cheap tests come first."""
         if self.is_entry(symbol):
             return ldtrace.ALWAYS
-        if caller == target:
+        if caller == target or symbol.startswith(STD_PREFIXES):
             return 0
-        facts = self.facts(caller) if not is_system(caller) else None
-        return int(facts is not None and facts.identity in self.owners and symbol in facts.defines)
+        if caller not in self._callers:
+            facts = None if is_system(caller) else self.facts(caller)
+            self._callers[caller] = facts if facts and facts.identity in self.owners else None
+        facts = self._callers[caller]
+        return int(facts is not None and symbol in facts.defines)
 
     def is_entry(self, symbol: str) -> bool:
+        if not any(hint in symbol for hint in self.hints):
+            return False
         if symbol not in self._entries:
             self._entries[symbol] = any(registries.entry_symbols(kind, [symbol])
                                         for kind in registries.REGISTRIES)

@@ -125,7 +125,7 @@ class Process:
             self.loaded.setdefault(obj.identity, obj)
             for name in filter(None, (obj.soname, obj.path.name)):
                 self.by_name.setdefault(name, obj)
-        for obj in reversed(new):  # constructors run dependencies first
+        for obj in self.init_order(new):
             ended = self.construct(index, obj, order)
             if ended:
                 return ended
@@ -133,6 +133,29 @@ class Process:
             known = {obj.identity for obj in self.global_scope}
             self.global_scope += [obj for obj in order if obj.identity not in known]
         return None
+
+    def init_order(self, new: Sequence[ElfFacts]) -> list[ElfFacts]:
+        """The order ld.so runs the constructors of the objects a step brought in (glibc's
+        depth-first `_dl_sort_maps`): from the last of them in load order to the first, each
+        object's dependencies (in DT_NEEDED order) before the object. Not the load order
+        reversed: a library loaded early can depend on one loaded after it."""
+        pending = {obj.identity for obj in new}
+        done: list[ElfFacts] = []
+        seen: set[tuple[int, int]] = set()
+
+        def visit(obj: ElfFacts) -> None:
+            seen.add(obj.identity)
+            for name in obj.needed:
+                path = self.inv.link_map.links.get((obj.path, name))
+                dep = self.inv.link_map.files[path] if path is not None else self.by_name.get(name)
+                if dep is not None and dep.identity in pending and dep.identity not in seen:
+                    visit(dep)
+            done.append(obj)
+
+        for obj in reversed(new):
+            if obj.identity not in seen:
+                visit(obj)
+        return done
 
     def construct(self, index: int, obj: ElfFacts, local: Sequence[ElfFacts]) -> Prediction | None:
         lib = self.library(obj)

@@ -27,7 +27,6 @@ DEBUG_CATEGORIES = "files,libs,bindings"
 MOST_BINDINGS = 500  # kept per trial, but for those `keep` ranks ALWAYS
 ALWAYS = 2  # a rank `keep` may give a binding that must be kept whatever the count
 
-_PREFIX = re.compile(r"^\s*\d+:\s?")
 _ARRIVAL = re.compile(r"file=(?P<name>.+?) \[\d+\];  (?P<how>needed|dynamically loaded) by (?P<by>.+?) \[\d+\]$")
 _MAPPED = re.compile(r"file=(?P<name>.+?) \[\d+\];  generating link map$")
 _TRYING = re.compile(r"trying file=(?P<path>.+)$")
@@ -70,6 +69,18 @@ def keep_none(caller: str, symbol: str, target: str) -> int:
     return 0
 
 
+def split_binding(line: str) -> Binding | None:
+    """`binding file A [0] to B [0]: normal symbol `s' [V]` -> Binding(A, s, B). Split by hand:
+    a regular expression per line costs seconds on libtorch's hundreds of thousands."""
+    caller, sep, rest = line[len("binding file "):].partition(" [0] to ")
+    target, sep2, rest = rest.partition(" [0]: ")
+    start, end = rest.find("`"), rest.rfind("'")
+    if sep and sep2 and 0 <= start < end:
+        return Binding(caller, rest[start + 1:end], target)
+    found = _BINDING.match(line)  # another link-map namespace than the default one
+    return Binding(found["caller"], found["symbol"], found["target"]) if found else None
+
+
 def parse(lines: Iterable[str],
           keep: Callable[[str, str, str], int] = keep_none) -> LoaderTrace:
     """The trace in `lines` (LD_DEBUG output, any number of processes' files concatenated).
@@ -82,12 +93,12 @@ def parse(lines: Iterable[str],
     last_init = None
     bindings: list[Binding] = []
     for raw in lines:
-        line = _PREFIX.sub("", raw.rstrip("\n"), count=1)
+        line = raw.partition(":\t")[2].rstrip("\n") if ":\t" in raw else raw.strip()
         if line.startswith("binding file "):
-            found = _BINDING.match(line)
-            rank = found and keep(found["caller"], found["symbol"], found["target"])
+            binding = split_binding(line)
+            rank = binding and keep(binding.caller, binding.symbol, binding.target)
             if rank and (rank >= ALWAYS or len(bindings) < MOST_BINDINGS):
-                bindings.append(Binding(found["caller"], found["symbol"], found["target"]))
+                bindings.append(binding)  # type: ignore[arg-type]
         elif (found := _TRYING.search(line)) is not None:
             tried = found["path"]
         elif (found := _ARRIVAL.match(line)) is not None:
