@@ -46,7 +46,7 @@ class RunSettings:
                servers_for: tuple[inventory.Library, ...] | None = None) -> Trials:
         """A runner for sequences of the inventory's libraries, its fork servers built for
         `servers_for` (default: every library)."""
-        return Trials(self.limits, Tiers.of(inv.libraries, servers_for), cold=self.cold)
+        return Trials(self.limits, Tiers.of(inv.libraries, servers_for, inv.link_map), cold=self.cold)
 
 
 @dataclass(frozen=True)
