@@ -123,7 +123,7 @@ def unforkable(pid: int, scratch: Path, pipes: dict[int, int]) -> str:
             return "armed a timer"
     if int(status["SigPnd"], 16) or int(status["ShdPnd"], 16):
         return "has a signal pending"
-    if os.readlink(proc / "cwd") != str(scratch) or any(scratch.iterdir()):
+    if Path(os.readlink(proc / "cwd")) != scratch.resolve() or any(scratch.iterdir()):
         return "changed its working folder"
     for theirs, ours in pipes.items():
         if os.readlink(proc / "fd" / str(theirs)) != f"pipe:[{os.fstat(ours).st_ino}]":
