@@ -52,8 +52,8 @@ class RunSettings:
         """A runner for sequences of the inventory's libraries, its fork servers built for
         `servers_for` (default: every library); `confirm` False: findings are not confirmed
         cold one by one (a search confirms those it reports)."""
-        return Trials(self.limits, Tiers.of(inv.libraries, servers_for), cold=self.cold,
-                      confirm=confirm, explainer=Explainer(inv))
+        return Trials(self.limits, Tiers.of(inv.libraries, servers_for, inv.link_map),
+                      cold=self.cold, confirm=confirm, explainer=Explainer(inv))
 
 
 @dataclass(frozen=True)

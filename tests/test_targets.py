@@ -127,7 +127,31 @@ def test_two_releases_of_one_runtime_agree_with_a_plain_harness_on_every_cross_p
     assert differ == []
 
 
-def test_with_torch_under_test_no_fork_server_preloads_any_of_its_libraries():
+def test_the_torch_matrix_through_stand_ins_agrees_with_a_plain_harness_on_every_pair(
+        tmp_path, plain):
+    done = loadfuzz("matrix", "torch", "--flags", "global", "--out", tmp_path / "out", "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert any(path.endswith("/libtorch_cpu.so") for path in summary["preload"])  # stood in
+    scan = json.loads(loadfuzz("scan", "torch", "--json").stdout)
+    paths = {lib["id"]: lib["path"] for lib in scan["libraries"]}
+    records = [json.loads(line) for line in (tmp_path / "out" / "trials.jsonl").read_text()
+               .splitlines()]
+    assert len(records) == 12 * 11
+
+    def compare(record):
+        first, second = (paths[s["lib"]] for s in record["sequence"])
+        mine, theirs = loadfuzz_verdict(record), plain_verdict(plain, "global", first, second)
+        return None if mine == theirs else (first, second, mine, theirs)
+
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:  # one plain process per pair
+        differ = [found for found in pool.map(compare, records) if found]
+    assert differ == []
+
+
+def test_with_torch_under_test_no_tier_preloads_any_of_its_libraries():
+    """Tiers preload only what is not under test; a library under test is preloaded only as
+    a stand-in (test_standins.py)."""
     from loadfuzz import inventory
     from loadfuzz.run.tiers import Tiers
 

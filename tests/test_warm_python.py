@@ -31,7 +31,7 @@ def trials():
 
 def python_preload(trials, seq):
     """The source of the `y` step of the sequence's server's preload (None: it has none)."""
-    found = [s.code for s in trials.preload_of(seq) if s.mode == "y"]
+    found = [s.code for s in trials.route_of(seq).preload if s.mode == "y"]
     return found[0] if found else None
 
 
@@ -48,7 +48,7 @@ def test_only_a_first_step_that_imports_torch_before_its_own_extension_finds_tor
                          ids=["llm-runner", "training", "llm-runner-then-training", "C-then-dlopen"])
 def test_a_python_first_trial_from_a_warm_server_ends_and_prints_as_its_cold_run(trials, seq):
     steps, prelude = harness_steps(seq, trials.tiers)
-    with Harness(trials.preload_of(seq)) as server:
+    with Harness(trials.route_of(seq).preload) as server:
         warm = server.run(steps, LIMITS, prelude)
     cold = run_cold(steps, LIMITS, prelude)
     assert (warm.started, warm.done, warm.error, warm.exit_code, warm.signal) == (

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import typing
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,6 +98,45 @@ def kill_tree(pid: int) -> None:
     psutil.wait_procs(family, timeout=5)
 
 
+def read_bounded(stream: typing.BinaryIO, head: int = 16 << 10, tail: int = 48 << 10) -> bytes:
+    """What a file holds, its middle left out past head + tail bytes, as the harness keeps output."""
+    size = stream.seek(0, os.SEEK_END)
+    stream.seek(0)
+    if size <= head + tail:
+        return stream.read()
+    first = stream.read(head)
+    stream.seek(size - tail)
+    return first + b"\n[... %d bytes not kept ...]\n" % (size - head - tail) + stream.read()
+
+
+def unforkable(pid: int, scratch: Path, pipes: dict[int, int]) -> str:
+    """Why a server that preloaded libraries would not fork into copies of itself, or "".
+
+    The checks a row server makes on itself after its prefix (docs/protocol.md),
+    made from outside through /proc: one thread, no child, no POSIX timer, no
+    pending signal, its working folder unchanged and empty, and its pipes (their
+    numbers there -> our ends here) still ours. Interval timers are not visible
+    from outside; a SIGALRM would end the server, which is seen."""
+    proc = Path(f"/proc/{pid}")
+    status = dict(line.split(":", 1) for line in (proc / "status").read_text().splitlines()
+                  if ":" in line)
+    if int(status["Threads"]) != 1:
+        return "runs more than one thread"
+    if (proc / "task" / str(pid) / "children").read_text().strip():
+        return "has a child process"
+    with contextlib.suppress(OSError):
+        if (proc / "timers").read_text().strip():
+            return "armed a timer"
+    if int(status["SigPnd"], 16) or int(status["ShdPnd"], 16):
+        return "has a signal pending"
+    if Path(os.readlink(proc / "cwd")) != scratch.resolve() or any(scratch.iterdir()):
+        return "changed its working folder"
+    for theirs, ours in pipes.items():
+        if os.readlink(proc / "fd" / str(theirs)) != f"pipe:[{os.fstat(ours).st_ino}]":
+            return "touched its pipes"
+    return ""
+
+
 class HarnessDied(RuntimeError):
     """The harness process itself stopped answering (not a trial's doing)."""
 
@@ -132,13 +172,15 @@ class Harness:
                 args += ["--preload-global" if step.mode == "g" else "--preload", str(step.path)]
         self._ctl, self._status = ctl_w, st_r
         self._buffer = b""
+        self.preload_output = b""  # what the preloads printed: it opens every trial's output
+        printed = tempfile.TemporaryFile()  # noqa: SIM115 (the server's stdout and stderr; closed below)
         try:
             self.proc = subprocess.Popen(
                 args,
                 pass_fds=(ctl_r, st_w),
                 stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
+                stdout=printed,
+                stderr=printed,
                 cwd=self.scratch,
                 env=trial_environment(self.scratch) | (self._observing() if observe else {}),
                 start_new_session=True,
@@ -146,12 +188,18 @@ class Harness:
         except BaseException:
             for fd in (ctl_r, st_w, ctl_w, st_r):
                 os.close(fd)
+            printed.close()
             shutil.rmtree(self.scratch, ignore_errors=True)
             raise
         os.close(ctl_r)
         os.close(st_w)
         try:
-            self._greeting()
+            with printed:
+                self._greeting()
+                self.preload_output = read_bounded(printed)
+            pipes = {ctl_r: ctl_w, st_w: st_r}
+            if self.preload and (why := unforkable(self.proc.pid, self.scratch, pipes)):
+                raise HarnessDied(f"after its preloads the server {why}")
         except BaseException:  # a server that did not start leaves nothing behind
             self.close()
             raise
@@ -232,10 +280,10 @@ class Harness:
         omitted = total - head_len - tail_len
         return head + (b"\n[... %d bytes not kept ...]\n" % omitted if omitted > 0 else b"") + tail
 
-    def _open_row(self, prefix: Sequence[HarnessStep], limits: Limits, workdir: Path,
-                  ) -> SharedPrefix | None:
-        self._send(b"PREFIX", prefix, limits, workdir)
-        deadline = time.monotonic() + len(prefix) * limits.timeout_s + MARGIN_S
+    def _open_row(self, prefix: Sequence[HarnessStep], hidden: Sequence[HarnessStep],
+                  limits: Limits, workdir: Path) -> SharedPrefix | None:
+        self._send(b"PREFIX", [*prefix, *hidden], limits, workdir)
+        deadline = time.monotonic() + (len(prefix) + len(hidden)) * limits.timeout_s + MARGIN_S
         fields = self._read_line(deadline).split()
         if fields[:1] == [b"NO-ROW"] and len(fields) == 2:
             why = self._read_exact(int(fields[1]), deadline)
@@ -249,17 +297,20 @@ class Harness:
                             total)
 
     @contextlib.contextmanager
-    def sharing(self, prefix: Sequence[HarnessStep], limits: Limits) -> Iterator[bool]:
+    def sharing(self, prefix: Sequence[HarnessStep], limits: Limits,
+                hidden: Sequence[HarnessStep] = ()) -> Iterator[bool]:
         """Within, trials that begin with `prefix` fork from a row server that took it once.
 
-        Yields False, and every trial runs whole, when the harness could not
-        share the prefix: one of its steps failed, or it left behind what a
-        fork does not copy (a thread, a child, a timer; see NO-ROW in the harness).
+        `hidden`: steps the row server takes after the prefix that are no step
+        of the trials (a stand-in, see `standins`): their output follows the
+        prefix's. Yields False, and every trial runs whole, when the harness
+        could not share the prefix: one of its steps failed, or it left behind
+        what a fork does not copy (a thread, a child, a timer; see NO-ROW in the harness).
         """
         assert self.shared is None, "one row at a time"
         workdir = self._workdir("row")
         try:
-            self.shared = self._open_row(prefix, limits, workdir)
+            self.shared = self._open_row(prefix, hidden, limits, workdir)
         except (OSError, HarnessDied):
             self.close()
             raise
@@ -304,8 +355,10 @@ class Harness:
             signal=os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
             timed_out=bool(timed_out),
             error=error if started > done else "",
-            output=self.preface.output + shared.output + output,
-            output_bytes=self.preface.output_bytes + shared.output_bytes + total,
+            # what the preloads printed (their constructors, then a Python preload) comes first
+            output=self.preload_output + self.preface.output + shared.output + output,
+            output_bytes=(len(self.preload_output) + self.preface.output_bytes
+                          + shared.output_bytes + total),
             duration_s=elapsed_us / 1e6,
             peak_rss_mb=maxrss_kb / 1024,
             leftovers=leftovers,

@@ -9,6 +9,26 @@ of server: *light* (only the C++ runtime the libraries need), *python*
 (libpython too) and *heavy* (the libtorch closure too). A trial forks from
 the lightest tier that holds what its libraries need. No tier ever holds a
 library under test.
+
+On top of the tiers, a *route* may put a library under test in front of a
+step, when `standins` proves that loading it first (RTLD_LOCAL) leaves the
+process exactly as the step alone would: the same objects, constructors in
+the same order, every symbol of the stand-in bound to the same definers,
+the same global scope. In front of the first step it joins the fork
+server's preload (a server per stand-in: e.g. libtorch_cpu.so for every row
+whose first library is libtorch.so, libshm.so or libtorch_cpu.so); in front
+of the second it is a hidden step of the row server, taken after the row's
+first step (e.g. libtorch_cpu.so after libc10.so, for the trials whose
+second library is libtorch.so). Where the rule does not hold, the trial
+goes today's way: for libaoti_custom_ops.so, which defines type_info objects
+libtorch_cpu.so also defines, the cold run binds libtorch_cpu.so to the
+plugin's copies, which a preloaded libtorch_cpu.so would not. Never for a
+Python step (`y`), nor after one, nor when libpython would come after the
+stand-in. What a stand-in printed while preloaded opens the trial's output
+(as in the cold run, where it printed first in the step); a stand-in that
+fails, ends its process or leaves it unforkable (a thread, a child, a
+timer) makes its server fail to start, or its row be refused, and the
+trials go the usual way.
 """
 
 from __future__ import annotations
@@ -18,10 +38,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loadfuzz import hostenv, inventory
+from loadfuzz.elf.loader import LinkMap
 from loadfuzz.inventory import Library
 from loadfuzz.model import Sequence as Steps
 from loadfuzz.model import Step, StepKind
 from loadfuzz.run.harness import HarnessStep
+from loadfuzz.run.standins import HEAVY_BYTES, StandIns
 
 LIGHT, PYTHON, HEAVY = 0, 1, 2
 # The C library and the loader: already in every harness process.
@@ -55,23 +77,38 @@ def tier_of(lib: Library) -> int:
 
 
 @dataclass(frozen=True)
+class Route:
+    """Where a trial forks from, and what is taken before its own steps."""
+
+    preload: tuple[HarnessStep, ...]  # its fork server's (the tier's, and maybe a stand-in)
+    prefix: tuple[HarnessStep, ...]  # what a row server takes for it: libpython, its first step
+    hidden: tuple[HarnessStep, ...] = ()  # a stand-in the row server loads after the prefix
+    tier: tuple[HarnessStep, ...] = ()  # the tier's preload alone: the way back
+    costly: bool = False  # the row server's steps map a heavy library: a row of 2 pays off
+
+
+@dataclass(frozen=True)
 class Tiers:
     """The answers for one campaign's libraries, looked up by a step's path."""
 
     python: frozenset[Path]  # libraries that need libpython loaded first
     tiers: Mapping[Path, int]
     preloads: tuple[tuple[HarnessStep, ...], ...]  # per tier, LIGHT to HEAVY
+    standins: StandIns | None = None
 
     @classmethod
-    def of(cls, libraries: Iterable[Library], servers_for: Iterable[Library] | None = None) -> Tiers:
+    def of(cls, libraries: Iterable[Library], servers_for: Iterable[Library] | None = None,
+           link_map: LinkMap | None = None) -> Tiers:
         """`servers_for`: the libraries the servers are built for (default: all); a library
-        outside them forks from the heavy tier."""
+        outside them forks from the heavy tier. With the inventory's `link_map`, libraries
+        under test may stand in front of steps (see `route`)."""
         libraries = tuple(libraries)
         chosen = libraries if servers_for is None else tuple(servers_for)
         preloads = tuple(preload_for([lib for lib in chosen if tier_of(lib) <= level])
                          for level in (LIGHT, PYTHON, HEAVY))
+        standins = StandIns(link_map, [lib.path for lib in chosen]) if link_map else None
         return cls(frozenset(lib.path for lib in libraries if lib.needs_python),
-                   {lib.path: tier_of(lib) for lib in chosen}, preloads)
+                   {lib.path: tier_of(lib) for lib in chosen}, preloads, standins)
 
     @classmethod
     def for_steps(cls, seq: Steps) -> Tiers:
@@ -92,6 +129,29 @@ class Tiers:
         """What the server a trial forks from has preloaded: the lightest tier that will do."""
         return self.preloads[max((self.tiers.get(step.path, HEAVY) for step in seq
                                   if step.kind is not StepKind.MODULE), default=LIGHT)]
+
+
+    def route(self, seq: Steps, steps: Sequence[HarnessStep], prelude: int) -> Route:
+        """The route of a trial whose harness steps are `steps` (the first `prelude` of them
+        prerequisites): its tier's server, and the stand-ins the rule allows."""
+        tier = self.preload(seq)
+        prefix = tuple(steps[:prelude + 1])
+        model = self.standins
+        if model is None or len(steps) <= prelude or not set(steps[:prelude]) <= set(tier):
+            return Route(tier, prefix, (), tier)
+        first = steps[prelude]
+        state = model.start(tier)
+        preload, lead = tier, model.choose(state, first)
+        if lead is not None:
+            preload = (*tier, HarnessStep("l", lead))
+            state = model.after(state, preload[-1])
+        costly = lead is None and model.weighs(state, first) >= HEAVY_BYTES
+        hidden: tuple[HarnessStep, ...] = ()
+        if len(steps) > prelude + 1 and first.mode != "y":
+            state = model.after(state, first)
+            if (follow := model.choose(state, steps[prelude + 1])) is not None:
+                hidden, costly = (HarnessStep("l", follow),), True
+        return Route(preload, prefix, hidden, tier, costly)
 
 
 NO_TIERS = Tiers(frozenset(), {}, ((), (), ()))

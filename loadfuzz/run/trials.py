@@ -8,9 +8,10 @@ hidden. With `cold=True` every trial is a fresh process. A trial whose first
 step is Python forks from a server whose interpreter is already started
 (see `warm`).
 
-`run_all` runs a work list on `jobs` threads. Sequences that share a server
-and their first step (a matrix row) go together, as one batch: a row server
-takes that step once and each trial of the row forks from it.
+`run_all` runs a work list on `jobs` threads. Sequences that share a route
+(`tiers.Route`: a server, their first step, a stand-in after it; a matrix
+row) go together, as one batch: a row server takes that step once and each
+trial of the row forks from it.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from loadfuzz.run import pycode
 from loadfuzz.run.harness import Harness, HarnessDied, HarnessStep, Limits
 from loadfuzz.run.ldtrace import LoaderTrace
 from loadfuzz.run.pool import Preload, ServerPool, Usage
-from loadfuzz.run.tiers import NO_TIERS, Tiers
+from loadfuzz.run.tiers import NO_TIERS, Route, Tiers
 from loadfuzz.run.warm import WarmPython
 
 if TYPE_CHECKING:
@@ -234,12 +235,15 @@ class Trials:
     def _confirm(self, fast: TrialRecord) -> TrialRecord:
         return self.confirm(fast) if self.confirm_each else fast
 
-    def preload_of(self, seq: Sequence) -> Preload:
-        """What the server a trial forks from preloads: its tier's, with the interpreter
-        started (and torch imported) when its first step is Python (see `warm`)."""
+    def route_of(self, seq: Sequence) -> Route:
+        """Where a trial forks from (`tiers.Route`: its tier's server, maybe with a stand-in),
+        the interpreter started there (and torch imported) when its first step is Python (see
+        `warm`; stand-ins never precede a Python step). Its tier's server is the way back."""
         steps, prelude = harness_steps(seq, self.tiers)
+        route = self.tiers.route(seq, steps, prelude)
         heavy = any(self.tiers.reaches_torch(s) for s in seq if s.kind is not StepKind.MODULE)
-        return self.warm.preload(self.tiers.preload(seq), steps, prelude, heavy, self._probe)
+        warm = self.warm.preload(route.preload, steps, prelude, heavy, self._probe)
+        return route if warm == route.preload else replace(route, preload=warm)
 
     def _probe(self, preload: Preload, step: HarnessStep) -> bytes:
         """The output of one step run in a server with this preload (nothing when none runs)."""
@@ -254,39 +258,44 @@ class Trials:
         return evidence.output
 
     def run(self, seq: Sequence) -> TrialRecord:
-        """One trial: from a fork server when one can run it, else cold."""
+        """One trial: from a fork server when one can run it (its route's, else its tier's),
+        else cold."""
         if self.cold:
             return self.run_cold(seq)
-        preload = self.preload_of(seq)
-        server = self.pool.take(preload)
-        fast = self._fast(seq, "fork-server", server) if server is not None else None
-        if fast is None:  # no server, or it died under the trial: the cold path decides
-            return self.run_cold(seq)
-        self.pool.give_back(preload, server)
-        return self._confirm(fast)
+        route = self.route_of(seq)
+        for preload in dict.fromkeys((route.preload, route.tier)):
+            server = self.pool.take(preload)
+            if server is None:
+                continue
+            fast = self._fast(seq, "fork-server", server)
+            if fast is None:  # it died under the trial: the cold path decides
+                return self.run_cold(seq)
+            self.pool.give_back(preload, server)
+            return self._confirm(fast)
+        return self.run_cold(seq)
 
-    def row_key(self, seq: Sequence) -> tuple | None:
-        """What the trials that can share one row server have in common: their fork
-        server's preload and their first step (after libpython, when they need it).
-        None for a sequence of one step, and when every trial is cold."""
+    def row_key(self, seq: Sequence) -> Route | None:
+        """What the trials that can share one row server have in common: their route (the
+        fork server's preload, their first step after libpython when they need it, a
+        stand-in after it). None for a sequence of one step, and when every trial is cold."""
         if self.cold or len(seq) < 2:
             return None
-        steps, prelude = harness_steps(seq, self.tiers)
-        return self.preload_of(seq), tuple(steps[:prelude + 1])
+        return self.route_of(seq)
 
     def run_row(self, row: Sequence[Sequence]) -> Iterator[TrialRecord]:
         """The records of sequences of one row key, in order, each forked from a row
         server that took their first step once. A prefix that cannot be shared (see
         `Harness.sharing`) or a server that dies sends the rest the usual way."""
-        preload, prefix = self.row_key(row[0])
-        assert all(self.row_key(seq) == (preload, prefix) for seq in row), "one row key"
-        server = self.pool.take(preload)
+        route = self.row_key(row[0])
+        assert route is not None and all(self.row_key(seq) == route for seq in row), "one row key"
+        server = self.pool.take(route.preload)
         left = list(row)
         if server is not None:
             with contextlib.ExitStack() as stack:
                 began = time.monotonic()
                 try:
-                    shared = stack.enter_context(server.sharing(prefix, self.limits))
+                    shared = stack.enter_context(server.sharing(route.prefix, self.limits,
+                                                                route.hidden))
                 except HarnessDied:  # the server could not start the row
                     shared = False
                 self._count_row(shared, server.unshared, time.monotonic() - began)
@@ -297,7 +306,7 @@ class Trials:
                     record = self._confirm(fast)
                     left.pop(0)
                     yield record
-            self.pool.give_back(preload, server)
+            self.pool.give_back(route.preload, server)
         for seq in left:
             yield self.run(seq)
 
@@ -313,12 +322,17 @@ class Trials:
 
     def batches(self, work: Iterable[Sequence]) -> list[list[Sequence]]:
         """The work in batches, in first-seen order: a row of at least MIN_ROW
-        sequences with one row key is one batch, any other sequence its own."""
+        sequences with one row key (2 when its row server maps a heavy library) is
+        one batch, any other sequence its own."""
         rows: dict[object, list[Sequence]] = {}
         for position, seq in enumerate(work):
             rows.setdefault(self.row_key(seq) or position, []).append(seq)
-        return [batch for row in rows.values()
-                for batch in ([row] if len(row) >= MIN_ROW else [[seq] for seq in row])]
+        return [batch for key, row in rows.items()
+                for batch in ([row] if len(row) >= self.min_row(key) else [[seq] for seq in row])]
+
+    @staticmethod
+    def min_row(key: object) -> int:
+        return 2 if isinstance(key, Route) and key.costly else MIN_ROW
 
     def run_batch(self, batch: Sequence[Sequence]) -> Iterator[TrialRecord]:
         if len(batch) == 1:

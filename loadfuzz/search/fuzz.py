@@ -225,7 +225,7 @@ def probe_all(trials: Trials, options: Sequence[Step], jobs: int) -> dict[str, b
     for the campaign's process and all its workers; the answers."""
     python_first = [(step,) for step in options if is_python(step)]
     with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
-        list(pool.map(trials.preload_of, python_first))
+        list(pool.map(trials.route_of, python_first))
     return trials.warm.answers()
 
 

@@ -1,0 +1,226 @@
+"""Stand-ins: which library under test may be loaded ahead of a step without the step noticing.
+
+A trial that reaches libtorch_cpu.so spends ~200 ms in that one dlopen. When
+a step would load a heavy library L anyway (L is in its dependency closure),
+a fork server (or a row server, after the row's first step) can load L once,
+RTLD_LOCAL, *in front of* the step, and the trials fork from there. This
+module decides, from the link map alone, when that leaves the process
+exactly as the step would have left it. It replays glibc's `dlopen` on the
+model of the link map (search lists, the constructor sort, the lookup scope
+of every relocation) and accepts L in front of step S in a state P only when:
+
+1. **same objects**: every object L's load adds in P is one S's load adds in P;
+2. **same constructors, same order**: S's cold constructor order (glibc's
+   depth-first sort of S's search list, `_dl_sort_maps_dfs`) begins with
+   exactly L's constructor order, and what runs after is the rest of it
+   (the C library's own objects, libc, libdl, libpthread, librt, libm,
+   ld.so, are left out of the comparison: their constructors observe
+   nothing of the others');
+3. **same bindings**: every symbol name the objects of L define or
+   reference (but `_edata`, `_end`, `__bss_start`, `_init`, `_fini` and
+   version tags such as `GLIBC_2.2.5`, which no relocation names) has the same definers, in the same order, in the scope
+   their relocations are looked up in: global scope + L's search list when
+   preloaded, global scope + S's search list in the cold run. (C++ libraries
+   repeat template instantiations and type_info objects: a plugin that
+   defines one of libtorch_cpu's makes libtorch_cpu bind to the plugin's
+   copy in the cold run; a preloaded libtorch_cpu would bind to its own.)
+
+The global scope is then the same either way: `dlopen(S, RTLD_GLOBAL)` adds
+S's whole search list in its breadth-first order, already loaded objects
+included; RTLD_LOCAL adds nothing. A later step sees the same objects in the
+same global scope. Not modelled (documented in docs/protocol.md): the order
+of the link map itself (`dl_iterate_phdr`, TLS module ids), `dlsym(RTLD_NEXT)`
+from inside a preloaded object, and static TLS placement.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from loadfuzz.elf.loader import LinkMap
+from loadfuzz.elf.read import ElfFacts
+from loadfuzz.run.harness import HarnessStep
+
+# Names the linker defines in every object and no relocation looks up; and version tags
+# (GLIBC_2.2.5, GCC_3.0: one absolute symbol per version an object defines).
+RESERVED = frozenset({"_edata", "_end", "__bss_start", "_init", "_fini"})
+VERSION_TAG = re.compile(r"[A-Z][A-Z0-9_]*_[0-9][0-9.]*")
+# The C library's own objects: their constructors observe nothing of the others'.
+C_LIBRARY = ("libc.so", "libdl.so", "libpthread.so", "librt.so", "libm.so", "ld-linux")
+# Below this many bytes of files to map, a load is cheap: no stand-in is worth a server.
+HEAVY_BYTES = 32 << 20
+# In every harness process before any step: the executable's own dependencies.
+STARTS_LOADED = ("libc.so.6", "ld-linux")
+
+Key = tuple[int, int]  # ElfFacts.identity
+
+
+@dataclass(frozen=True)
+class State:
+    """What the model says a process holds: loaded objects (in load order) and the global scope."""
+
+    loaded: tuple[Key, ...]
+    global_scope: tuple[Key, ...]
+
+
+@dataclass(frozen=True)
+class Load:
+    """What one dlopen did in the model."""
+
+    new: tuple[Key, ...]  # objects mapped by it, in search-list order
+    inits: tuple[Key, ...]  # constructors it ran, in order
+    after: State
+
+
+class StandIns:
+    """The stand-in decisions for one campaign's link map; safe to use from several threads."""
+
+    def __init__(self, link_map: LinkMap, candidates: Iterable[Path]):
+        """`candidates`: the libraries that may stand in (the campaign's, by path)."""
+        self.map = link_map
+        self.facts = {facts.identity: facts for facts in link_map.files.values()}
+        self.by_path = {path: facts for path, facts in link_map.files.items()}
+        wanted = {Path(path) for path in candidates}
+        self.candidates = [f for p, f in link_map.files.items() if p in wanted]
+        self.reach = {lib.identity: sum(lib.identity in {o.identity for o in link_map.search_list(c)[0]}
+                                        for c in self.candidates) for lib in self.candidates}
+        self._cache: dict[tuple, Path | None] = {}
+        self._lock = threading.Lock()
+
+    # -- the model of ld.so ---------------------------------------------------------------
+    def start(self, preload: Sequence[HarnessStep]) -> State:
+        """A harness process once it has taken these preloads (files outside the link map,
+        libpython, count as loaded and, with `g`, global: they precede every search list)."""
+        first = tuple(f.identity for f in self.facts.values() if f.path.name.startswith(STARTS_LOADED))
+        state = State(first, first)
+        for step in preload:
+            state = self.after(state, step)
+        return state
+
+    def after(self, state: State, step: HarnessStep) -> State:
+        facts = self.by_path.get(step.path)
+        if facts is None:  # libpython, or a file the campaign does not reach: opaque
+            return state
+        return self.open(state, facts, step.mode == "g").after
+
+    def search_list(self, state: State, root: ElfFacts) -> list[ElfFacts]:
+        loaded = {}
+        for key in state.loaded:
+            facts = self.facts[key]
+            for name in (facts.soname, facts.path.name):
+                if name:
+                    loaded.setdefault(name, facts)
+        return self.map.search_list(root, loaded)[0]
+
+    def deps(self, obj: ElfFacts) -> list[ElfFacts]:
+        found = [self.map.links.get((obj.path, name)) for name in obj.needed]
+        return list({self.by_path[p].identity: self.by_path[p] for p in found if p}.values())
+
+    def open(self, state: State, root: ElfFacts, is_global: bool) -> Load:
+        """dlopen(root, RTLD_NOW | (RTLD_GLOBAL if is_global else RTLD_LOCAL)) in the model."""
+        order = self.search_list(state, root)
+        done = set(state.loaded)
+        new = tuple(o.identity for o in order if o.identity not in done)
+        placed: list[Key] = []  # _dl_sort_maps_dfs: post-order, the list walked from its end
+        seen: set[Key] = set()
+
+        def visit(obj: ElfFacts) -> None:
+            seen.add(obj.identity)
+            for dep in self.deps(obj):
+                if dep.identity not in seen:
+                    visit(dep)
+            placed.append(obj.identity)
+
+        for obj in reversed(order):
+            if obj.identity not in seen:
+                visit(obj)
+        placed.remove(root.identity)  # the object opened is initialised last, whatever cycles
+        placed.append(root.identity)
+        inits = tuple(key for key in placed if key not in done)
+        scope = state.global_scope
+        if is_global:
+            scope += tuple(o.identity for o in order if o.identity not in scope)
+        return Load(new, inits, State(state.loaded + new, scope))
+
+    # -- the rule ---------------------------------------------------------------------------
+    def lookup_scope(self, state: State, root: ElfFacts) -> list[Key]:
+        """Where the relocations of what dlopen(root) maps look symbols up: the global scope,
+        then root's search list (what the global scope already holds counts once, first)."""
+        return [*state.global_scope, *(o.identity for o in self.search_list(state, root)
+                                       if o.identity not in state.global_scope)]
+
+    def stands_in(self, state: State, lib: ElfFacts, step: ElfFacts, is_global: bool) -> bool:
+        """Whether dlopen(lib, RTLD_LOCAL) then the step leaves what the step alone leaves."""
+        alone = self.open(state, step, is_global)
+        ahead = self.open(state, lib, False)
+        if not set(ahead.new) <= set(alone.new):
+            return False
+        then = self.open(ahead.after, step, is_global)
+        if self.ordered(ahead.inits + then.inits) != self.ordered(alone.inits) \
+                or then.after.global_scope != alone.after.global_scope:
+            return False
+        return same_definers([self.facts[k] for k in ahead.new], self.lookup_scope(state, lib),
+                             self.lookup_scope(state, step), self.facts)
+
+    def ordered(self, inits: Iterable[Key]) -> list[Key]:
+        """Constructors whose order can matter: all but the C library's own."""
+        return [k for k in inits if not self.facts[k].path.name.startswith(C_LIBRARY)]
+
+    def weighs(self, state: State, step: HarnessStep) -> int:
+        """Bytes of the files the step would map in this state (0 for a step the model lacks)."""
+        facts = self.by_path.get(step.path)
+        return self.weight(state, facts) if step.mode in "gl" and facts else 0
+
+    def weight(self, state: State, lib: ElfFacts) -> int:
+        """Bytes of the files dlopen(lib) would map in this state."""
+        done = set(state.loaded)
+        return sum(self.facts[k].path.stat().st_size for k in
+                   (o.identity for o in self.search_list(state, lib)) if k not in done)
+
+    def choose(self, state: State, step: HarnessStep) -> Path | None:
+        """The library to load ahead of `step` in `state`, or None: among the heavy libraries
+        the step would load, the one the most campaign libraries reach that passes the rule."""
+        facts = self.by_path.get(step.path)
+        if step.mode not in "gl" or facts is None:
+            return None
+        key = (state, step.mode, step.path)
+        with self._lock:
+            if key in self._cache:
+                return self._cache[key]
+        closure = {o.identity for o in self.search_list(state, facts)}
+        found = None
+        for lib in sorted((c for c in self.candidates if c.identity in closure),
+                          key=lambda c: -self.reach[c.identity]):
+            if self.reach[lib.identity] >= 2 and self.weight(state, lib) >= HEAVY_BYTES \
+                    and self.stands_in(state, lib, facts, step.mode == "g"):
+                found = lib.path
+                break
+        with self._lock:
+            self._cache[key] = found
+        return found
+
+def touches(names: frozenset[str], objects: list[ElfFacts]) -> bool:
+    """Whether one of the names is one the objects define or reference (reserved names aside)."""
+    return any(not (name in RESERVED or VERSION_TAG.fullmatch(name))
+               for obj in objects for name in (names & obj.defines) | (names & obj.undefined))
+
+
+def same_definers(ahead: list[ElfFacts], warm: list[Key], cold: list[Key],
+                  facts: dict[Key, ElfFacts]) -> bool:
+    """Whether every name the `ahead` objects define or reference has the same definers, in
+    the same order, in both lookup scopes.
+
+    `warm` holds a subset of `cold`'s objects: an object only `cold` has must
+    define none of the names, and two objects the scopes order differently
+    must not both define one."""
+    in_warm = set(warm)
+    if any(touches(facts[key].defines, ahead) for key in cold if key not in in_warm):
+        return False
+    common = [k for k in cold if k in in_warm]
+    position = {k: i for i, k in enumerate(warm)}
+    return not any(position[a] > position[b] and touches(facts[a].defines & facts[b].defines, ahead)
+                   for i, a in enumerate(common) for b in common[i + 1:])

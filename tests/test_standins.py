@@ -1,0 +1,126 @@
+"""Stand-ins: a library under test loaded ahead of a step only where the dynamic loader itself
+(LD_DEBUG=bindings,files) shows that the process ends up as the step alone leaves it.
+
+The torch wheel is the example: libtorch_cpu.so (~200 ms to load) stands in front of
+libtorch.so, libshm.so and itself, and, after a first step that does not reach it, in front of
+a second that does; never in front of a plugin that defines type_info objects libtorch_cpu.so
+defines too."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from loadfuzz import hostenv, inventory, plan
+from loadfuzz.model import Flags
+from loadfuzz.run.harness import Harness, HarnessDied, HarnessStep, Limits
+from loadfuzz.run.tiers import Tiers
+from loadfuzz.run.trials import harness_steps
+from support import hostile
+
+LOADER = r"""
+#include <dlfcn.h>
+#include <stdio.h>
+int main(int argc, char **argv) {  /* loader g:PATH l:PATH ...: dlopen each, RTLD_NOW */
+    for (int i = 1; i < argc; i++)
+        if (!dlopen(argv[i] + 2, RTLD_NOW | (argv[i][0] == 'g' ? RTLD_GLOBAL : RTLD_LOCAL))) {
+            fprintf(stderr, "%s\n", dlerror());
+            return 1;
+        }
+    return 0;
+}
+"""
+C_LIBRARY = re.compile(r"/(libc|libdl|libpthread|librt|libm)\.so|/ld-linux")
+
+
+@pytest.fixture(scope="module")
+def loader(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("loader")
+    (folder / "loader.c").write_text(LOADER)
+    subprocess.run(["gcc", "-o", str(folder / "loader"), str(folder / "loader.c"), "-ldl"], check=True)
+    return folder / "loader"
+
+
+@pytest.fixture(scope="module")
+def torch_tiers():
+    inv = inventory.load_target("torch")
+    return inv, Tiers.of(inv.libraries, link_map=inv.link_map)
+
+
+def what_the_loader_did(loader: Path, steps: list[HarnessStep], scratch: Path) -> tuple[set, list]:
+    """Every symbol binding ld.so made (who, to whom, which name) and the constructors it ran
+    (the C library's aside), for a process that takes these steps."""
+    log = scratch / "ld"
+    env = {"PATH": os.environ["PATH"], "LD_LIBRARY_PATH": str(hostenv.torch_lib_dir()),
+           "LD_DEBUG": "bindings,files", "LD_DEBUG_OUTPUT": str(log)}
+    done = subprocess.run([str(loader), *(f"{s.mode}:{s.path}" for s in steps)], env=env,
+                          capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    [text] = [p.read_text() for p in scratch.glob("ld.*")]
+    for p in scratch.glob("ld.*"):
+        p.unlink()
+    bindings = set(re.findall(r"binding file (\S+) \[\d+\] to (\S+) \[\d+\]: \S+ symbol `([^']+)'", text))
+    inits = [path for path in re.findall(r"calling init: (\S+)", text) if not C_LIBRARY.search(path)]
+    return bindings, inits
+
+
+def routes_with_stand_ins(inv, tiers: Tiers, flags: Flags):
+    """Each way the matrix under `flags` puts a stand-in in front of a step (one trial per
+    server and row server, the first): the process with the stand-ins, the one without."""
+    found = {}
+    for seq in plan.pairs(inv.libraries, [flags]):
+        steps, prelude = harness_steps(seq, tiers)  # libpython, when needed, is a `g` step
+        route = tiers.route(seq, steps, prelude)
+        if (route.preload != route.tier or route.hidden) and route not in found:
+            warm = [*route.preload, *route.prefix, *route.hidden, *steps[len(route.prefix):]]
+            found[route] = (warm, [*route.tier, *steps])
+    return list(found.values())
+
+
+@pytest.mark.parametrize("flags", [Flags.GLOBAL, Flags.LOCAL])
+def test_every_stand_in_of_the_torch_matrix_leaves_the_bindings_and_constructors_of_the_cold_run(
+        loader, torch_tiers, tmp_path, flags):
+    inv, tiers = torch_tiers
+    routes = routes_with_stand_ins(inv, tiers, flags)
+    assert len(routes) > 10
+    for warm, cold in routes:
+        assert what_the_loader_did(loader, warm, tmp_path) == what_the_loader_did(loader, cold, tmp_path), \
+            [s.path.name for s in warm]
+
+
+def test_libtorch_cpu_never_stands_in_front_of_a_plugin_that_defines_its_type_info(
+        loader, torch_tiers, tmp_path):
+    inv, tiers = torch_tiers
+    plugin = next(lib for lib in inv.libraries if lib.path.name == "libaoti_custom_ops.so")
+    cpu = next(lib for lib in inv.libraries if lib.path.name == "libtorch_cpu.so")
+    [seq] = [s for s in plan.pairs(inv.libraries, [Flags.GLOBAL])
+             if s[0].path == plugin.path and s[1].path == cpu.path]
+    steps, prelude = harness_steps(seq, tiers)
+    route = tiers.route(seq, steps, prelude)
+    assert route.preload == route.tier and not route.hidden
+    # had it stood in, libtorch_cpu.so would bind to its own type_info, not the plugin's
+    ahead, alone = (what_the_loader_did(loader, [*route.tier, *pre, steps[0]], tmp_path)[0]
+                    for pre in ([HarnessStep("l", cpu.path)], []))
+    moved = {name for who, to, name in alone - ahead if who.endswith("libtorch_cpu.so")}
+    assert any(name.startswith("_ZTI") for name in moved)
+
+
+def test_what_a_preload_printed_opens_every_trial_output_as_head_and_tail():
+    flood = hostile("flood")  # 100 MB on stderr, then "fx_flood: done"
+    with Harness([HarnessStep("l", flood)]) as server:
+        assert server.preload_output.endswith(b"fx_flood: done\n")
+        assert b"bytes not kept" in server.preload_output
+        evidence = server.run([HarnessStep("g", hostile("clean"))], Limits())
+    assert evidence.output.startswith(server.preload_output[:100])
+    assert evidence.output.endswith(b"fx_flood: done\n")
+
+
+@pytest.mark.parametrize(("fixture", "why"), [("thread_lock", "runs more than one thread"),
+                                              ("fork200", "has a child process")])
+def test_a_server_whose_preload_a_fork_would_not_copy_whole_does_not_start(fixture, why):
+    with pytest.raises(HarnessDied, match=why):
+        Harness([HarnessStep("l", hostile(fixture))])
