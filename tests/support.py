@@ -15,6 +15,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from loadfuzz.expect import Expectation, classify_findings, load_expectations
 from loadfuzz.model import Flags, Outcome, Role, Step, StepKind, TrialRecord
 from loadfuzz.run.trials import Trials
@@ -58,6 +60,18 @@ def processes_holding(path: Path) -> list[int]:
         except OSError:
             continue
     return holders
+
+
+def alive(processes):
+    """The processes still running (a zombie has ended; only its entry waits to be reaped)."""
+    running = []
+    for proc in processes:
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                running.append(proc)
+        except psutil.NoSuchProcess:
+            continue
+    return running
 
 
 def loadfuzz(*args: str, cwd: Path | None = None, timeout: float = 600):

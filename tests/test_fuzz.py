@@ -19,7 +19,7 @@ import pytest
 from loadfuzz.model import Flags, Outcome, Role, Step, StepKind, TrialRecord
 from loadfuzz.plan import step_options
 from loadfuzz.search.shrink import simplify
-from support import FIXTURES, LOADFUZZ, loadfuzz
+from support import FIXTURES, LOADFUZZ, alive, loadfuzz
 
 CORPUS = FIXTURES / "corpus"
 PAIR = [("dlopen", "libcz_pair_a.so", "local"), ("dlopen", "libcz_pair_b.so", "local")]
@@ -136,17 +136,6 @@ def family(pid):
     return [root, *root.children(recursive=True)]
 
 
-def still_running(processes):
-    running = []
-    for proc in processes:
-        try:
-            if proc.status() != psutil.STATUS_ZOMBIE:
-                running.append(proc)
-        except psutil.NoSuchProcess:
-            continue
-    return running
-
-
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL],
                          ids=["ctrl-c", "sigterm", "sigkill"])
 def test_a_stopped_fuzz_campaign_keeps_whole_records_and_leaves_no_process_behind(tmp_path, how):
@@ -174,6 +163,6 @@ def test_a_stopped_fuzz_campaign_keeps_whole_records_and_leaves_no_process_behin
     for line in lines[:-1] if how == signal.SIGKILL else lines:
         json.loads(line)  # whole records (a SIGKILL may tear the last one)
     deadline = time.monotonic() + 20
-    while still_running(everyone) and time.monotonic() < deadline:
+    while alive(everyone) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert still_running(everyone) == []
+    assert alive(everyone) == []

@@ -25,6 +25,7 @@ from support import (
     LOADFUZZ,
     PAIRS_WITH_PLUGIN,
     ROOT,
+    alive,
     executorch_ids,
     loadfuzz,
     processes_holding,
@@ -107,18 +108,6 @@ def wait_for_lines(path, count, process):
             return
         time.sleep(0.01)
     pytest.fail(f"the campaign did not reach {count} trials")
-
-
-def alive(processes):
-    """The processes still running (a zombie has ended; only its entry waits to be reaped)."""
-    running = []
-    for proc in processes:
-        try:
-            if proc.status() != psutil.STATUS_ZOMBIE:
-                running.append(proc)
-        except psutil.NoSuchProcess:
-            continue
-    return running
 
 
 def resume_and_check(out):
