@@ -74,7 +74,8 @@ def test_scan_json_has_the_contract_shape():
             "registers", "closure"}
     assert all(keys <= set(lib) for lib in data["libraries"])
     assert len(data["predicted"]) == 8
-    assert all(set(p) == {"first", "second", "flags", "outcome", "op", "why"}
+    assert all(set(p) == {"first", "second", "flags", "outcome", "op", "why", "confidence",
+                          "evidence"}
                for p in data["predicted"])
 
 
