@@ -89,17 +89,23 @@ class StandIns:
         self.reach = {lib.identity: sum(lib.identity in {o.identity for o in link_map.search_list(c)[0]}
                                         for c in self.candidates) for lib in self.candidates}
         self._cache: dict[tuple, Path | None] = {}
+        self._opened: dict[tuple[State, Key, bool], Load] = {}  # the model's dlopen, replayed once
+        self._started: dict[tuple[HarnessStep, ...], State] = {}
+        self.first = tuple(f.identity for f in self.facts.values()
+                           if f.path.name.startswith(STARTS_LOADED))
         self._lock = threading.Lock()
 
     # -- the model of ld.so ---------------------------------------------------------------
     def start(self, preload: Sequence[HarnessStep]) -> State:
         """A harness process once it has taken these preloads (files outside the link map,
         libpython, count as loaded and, with `g`, global: they precede every search list)."""
-        first = tuple(f.identity for f in self.facts.values() if f.path.name.startswith(STARTS_LOADED))
-        state = State(first, first)
-        for step in preload:
-            state = self.after(state, step)
-        return state
+        preload = tuple(preload)
+        if preload not in self._started:
+            state = State(self.first, self.first)
+            for step in preload:
+                state = self.after(state, step)
+            self._started[preload] = state
+        return self._started[preload]
 
     def after(self, state: State, step: HarnessStep) -> State:
         facts = self.by_path.get(step.path)
@@ -121,7 +127,15 @@ class StandIns:
         return list({self.by_path[p].identity: self.by_path[p] for p in found if p}.values())
 
     def open(self, state: State, root: ElfFacts, is_global: bool) -> Load:
-        """dlopen(root, RTLD_NOW | (RTLD_GLOBAL if is_global else RTLD_LOCAL)) in the model."""
+        """dlopen(root, RTLD_NOW | (RTLD_GLOBAL if is_global else RTLD_LOCAL)) in the model;
+        each (state, root, flags) is worked out once (a matrix asks for the same ones per row)."""
+        key = (state, root.identity, is_global)
+        found = self._opened.get(key)
+        if found is None:
+            found = self._opened[key] = self._open(state, root, is_global)
+        return found
+
+    def _open(self, state: State, root: ElfFacts, is_global: bool) -> Load:
         order = self.search_list(state, root)
         done = set(state.loaded)
         new = tuple(o.identity for o in order if o.identity not in done)
