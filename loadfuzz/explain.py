@@ -115,6 +115,14 @@ class Explainer:
         facts = self._callers[caller]
         return int(facts is not None and symbol in facts.defines)
 
+    def watch(self, expected: TrialRecord) -> tuple[Callable[[str, str, str], int],
+                                                     tuple[str, ...] | None]:
+        """What to read of the loader's report of a run expected to end as `expected`: `keeps`,
+        and, for a double registration into a registry loadfuzz models, only the bindings that
+        can name its entry point (the others, hundreds of thousands with libtorch, unread)."""
+        modelled = any(kind.signature == expected.signature for kind in registries.REGISTRIES)
+        return self.keeps, self.hints if modelled else None
+
     def is_entry(self, symbol: str) -> bool:
         if not any(hint in symbol for hint in self.hints):
             return False

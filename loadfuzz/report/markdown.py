@@ -76,6 +76,11 @@ def _md_finding(campaign: CampaignView, number: int, record: Mapping[str, Any]) 
     return lines
 
 
+def last_resort(fix: Mapping[str, Any]) -> str:
+    """`Never load ...` -> `Last resort: never load ...`."""
+    return f"Last resort: {fix['text'][:1].lower()}{fix['text'][1:]}"
+
+
 def _md_cause(record: Mapping[str, Any]) -> list[str]:
     """The finding's cause: its paragraph, the copies and how each came in, the entry points
     they bound, and the fixes, numbered, most specific first."""
@@ -93,7 +98,7 @@ def _md_cause(record: Mapping[str, Any]) -> list[str]:
     fixes = record.get("fixes", [])
     if fixes:
         lines.append("- Fixes:")
-        lines += [f"  {n}. {'Last resort: ' if f['last_resort'] else ''}{_md_text(f['text'])}"
+        lines += [f"  {n}. {_md_text(last_resort(f) if f['last_resort'] else f['text'])}"
                   for n, f in enumerate(fixes, start=1)]
     return lines
 

@@ -208,10 +208,11 @@ class Harness:
         return {"LD_DEBUG": ldtrace.DEBUG_CATEGORIES,
                 "LD_DEBUG_OUTPUT": str(self.scratch.resolve() / "ld-debug")}
 
-    def trace(self, keep: Callable[[str, str, str], int] = ldtrace.keep_none) -> LoaderTrace:
+    def trace(self, keep: Callable[[str, str, str], int] = ldtrace.keep_none,
+              only: tuple[str, ...] | None = None) -> LoaderTrace:
         """What the loader said about this harness's trials (it was started with `observe`).
         Forked trials write to the server's file; programs they start are not read."""
-        return ldtrace.read(self.scratch.resolve() / f"ld-debug.{self.proc.pid}", keep)
+        return ldtrace.read(self.scratch.resolve() / f"ld-debug.{self.proc.pid}", keep, only)
 
     def _greeting(self) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S

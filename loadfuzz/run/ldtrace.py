@@ -81,18 +81,21 @@ def split_binding(line: str) -> Binding | None:
     return Binding(found["caller"], found["symbol"], found["target"]) if found else None
 
 
-def parse(lines: Iterable[str],
-          keep: Callable[[str, str, str], int] = keep_none) -> LoaderTrace:
+def parse(lines: Iterable[str], keep: Callable[[str, str, str], int] = keep_none,
+          only: tuple[str, ...] | None = None) -> LoaderTrace:
     """The trace in `lines` (LD_DEBUG output, any number of processes' files concatenated).
     `keep(caller, symbol, target)` ranks a binding: false to drop it, true to keep it while
     fewer than MOST_BINDINGS are kept, ALWAYS to keep it anyway. It should be cheap: libtorch
-    alone brings hundreds of thousands."""
+    alone brings hundreds of thousands. `only`: a binding line that holds none of these
+    strings is skipped unread (the cheapest test of all)."""
     arrivals: list[Arrival] = []
     pending: dict[str, tuple[bool, str]] = {}  # name as requested -> (dlopened, by)
     tried = ""
     last_init = None
     bindings: list[Binding] = []
     for raw in lines:
+        if only is not None and "binding file " in raw and not any(s in raw for s in only):
+            continue
         line = raw.partition(":\t")[2].rstrip("\n") if ":\t" in raw else raw.strip()
         if line.startswith("binding file "):
             binding = split_binding(line)
@@ -112,11 +115,12 @@ def parse(lines: Iterable[str],
     return LoaderTrace(tuple(arrivals), last_init, tuple(bindings))
 
 
-def read(path: Path, keep: Callable[[str, str, str], int] = keep_none) -> LoaderTrace:
+def read(path: Path, keep: Callable[[str, str, str], int] = keep_none,
+         only: tuple[str, ...] | None = None) -> LoaderTrace:
     """The trace in one `LD_DEBUG_OUTPUT` file (the loader names it `<prefix>.<pid>`);
     empty when the file is not there."""
     try:
         with path.open(encoding="utf-8", errors="surrogateescape") as text:
-            return parse(text, keep)
+            return parse(text, keep, only)
     except FileNotFoundError:
         return parse(())

@@ -169,9 +169,9 @@ class Trials:
         self.pool.close()
 
     def _record(self, seq: Sequence, via: str, server: Harness | None,
-                observe: bool = False) -> TrialRecord:
-        """One trial: from `server`, else in a fresh harness; `observe`: the loader reports on
-        the run, and a finding gets its cause from that report."""
+                observe: TrialRecord | None = None) -> TrialRecord:
+        """One trial: from `server`, else in a fresh harness; `observe` (how an earlier run of it
+        ended): the loader reports on the run, and a finding gets its cause from that report."""
         if self.closed:
             raise RuntimeError("the runner is closed: no more trials start")
         steps, prelude = harness_steps(seq, self.tiers)
@@ -179,14 +179,14 @@ class Trials:
         if server is not None:
             evidence = server.run(steps, self.limits, prelude)
         else:
-            with self.pool.cold(observe) as harness:
+            with self.pool.cold(observe is not None) as harness:
                 evidence = harness.run(steps, self.limits, prelude)
-                if observe and self.explainer is not None:
-                    trace = harness.trace(self.explainer.keeps)
+                if observe is not None and self.explainer is not None:
+                    trace = harness.trace(*self.explainer.watch(observe))
         verdict = classify(evidence, self.catalogue)
         record = make_record(seq, verdict, evidence.duration_s, evidence.peak_rss_mb,
                              self.limits, via)
-        if observe and self.explainer is not None and not record.clean:
+        if observe is not None and self.explainer is not None and not record.clean:
             record = self.explainer.explain(record, trace)
         return record
 
@@ -196,7 +196,7 @@ class Trials:
         record = self._record(seq, "cold", None)
         if record.clean or self.explainer is None:
             return record
-        observed = self._record(seq, "cold", None, observe=True)
+        observed = self._record(seq, "cold", None, observe=record)
         return observed if same_verdict(observed, record) else self.explainer.explain(record, None)
 
     def _fast(self, seq: Sequence, via: str, server: Harness) -> TrialRecord | None:
@@ -211,7 +211,7 @@ class Trials:
         it; should that run end otherwise, a plain cold run decides."""
         if self.explainer is None:
             return self.run_cold(seq)
-        observed = self._record(seq, "cold", None, observe=True)
+        observed = self._record(seq, "cold", None, observe=fast)
         if same_verdict(observed, fast):
             return observed
         plain = self._record(seq, "cold", None)
