@@ -20,7 +20,7 @@ from loadfuzz.model import Flags
 from loadfuzz.run.harness import Harness, HarnessDied, HarnessStep, Limits
 from loadfuzz.run.tiers import Tiers
 from loadfuzz.run.trials import harness_steps
-from support import hostile
+from support import hostile, processes_holding
 
 LOADER = r"""
 #include <dlfcn.h>
@@ -124,3 +124,4 @@ def test_what_a_preload_printed_opens_every_trial_output_as_head_and_tail():
 def test_a_server_whose_preload_a_fork_would_not_copy_whole_does_not_start(fixture, why):
     with pytest.raises(HarnessDied, match=why):
         Harness([HarnessStep("l", hostile(fixture))])
+    assert processes_holding(hostile(fixture)) == []  # nor leaves what the preload started

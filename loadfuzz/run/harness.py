@@ -384,6 +384,10 @@ class Harness:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=2)
         kill_tree(self.proc.pid)
+        # What a preload forked lives in the server's own process group (its session) and is
+        # orphaned once the server is gone (a refused preload ends it): that group goes too.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
         shutil.rmtree(self.scratch, ignore_errors=True)
 
