@@ -95,6 +95,8 @@ class Explainer:
         self.files = {facts.identity: facts for facts in inv.link_map.files.values()}
         self._facts: dict[str, ElfFacts | None] = {}
         self._entries: dict[str, bool] = {}
+        self._replays: dict[tuple, tuple[tuple, predict.Process] | None] = {}
+        self._ids: dict[Path, str] | None = None  # inventory ids by resolved path, made once
         self._callers: dict[str, ElfFacts | None] = {}  # a caller's facts, if it is the inventory's
         self.hints = tuple(kind.hint for kind in registries.REGISTRIES)
 
@@ -186,10 +188,10 @@ class Explainer:
     def static(self, record: TrialRecord) -> list[Loaded]:
         """The objects the static replay says the steps bring in (none when a step's library
         is not in the inventory)."""
-        if not self.replayable(record):
+        replayed = self.replayed(record)
+        if replayed is None:
             return []
-        sequence = self.static_sequence(record)
-        _, process = predict.simulate(self.inv, sequence)
+        sequence, process = replayed
         loaded: list[Loaded] = []
         for obj, step in process.arrived:
             root = self.inv.link_map.files.get(sequence[step].path)
@@ -295,8 +297,8 @@ class Explainer:
                                        {"registry": name or "the registry"})
         names = {o.path: self.registered(o.path, kind) for o in own}
         copies = [o.path for o in own if op in names[o.path][0]]
-        calls = [] if trace or not self.replayable(record) else predict.simulate(
-            self.inv, self.static_sequence(record))[1].calls
+        replayed = None if trace else self.replayed(record)
+        calls = replayed[1].calls if replayed else []
         failing = str(calls[-1][0].path) if calls else None  # the replay's last call collided
         account = self.copies_account(record, objects, trace, copies,
                                       {"registry": kind.title}, failing)
@@ -352,23 +354,29 @@ class Explainer:
             bound = trace.bound(entry)
             return {c: bound[c] for c in copies if c in bound}
         found: dict[str, str] = {}
-        if not self.replayable(record):
+        replayed = self.replayed(record)
+        if replayed is None:
             return found
         by_id = {identity(c): c for c in copies}
-        for caller, symbol, copy in predict.simulate(self.inv, self.static_sequence(record))[1].calls:
+        for caller, symbol, copy in replayed[1].calls:
             if symbol == entry and caller.identity in by_id:
                 found[by_id[caller.identity]] = str(copy.path)
         return found
 
-    def replayable(self, record: TrialRecord) -> bool:
-        """Whether the static replay knows every library the record's steps load."""
-        ids = {lib.id for lib in self.inv.libraries}
-        return all(s.kind is StepKind.MODULE or s.lib in ids for s in self.static_sequence(record))
-
-    def static_sequence(self, record: TrialRecord) -> tuple:
-        ids = {lib.path.resolve(): lib.id for lib in self.inv.libraries}
-        return tuple(replace(s, lib=ids.get(s.path.resolve(), s.lib))
-                     if s.kind is not StepKind.MODULE else s for s in record.sequence)
+    def replayed(self, record: TrialRecord) -> tuple[tuple, predict.Process] | None:
+        """The record's steps by inventory id and the static replay of them, worked out once
+        per sequence; None when a step loads a library the inventory does not hold."""
+        key = record.key()
+        if key not in self._replays:
+            if self._ids is None:
+                self._ids = {lib.path.resolve(): lib.id for lib in self.inv.libraries}
+            sequence = tuple(replace(s, lib=self._ids.get(s.path.resolve(), s.lib))
+                             if s.kind is not StepKind.MODULE else s for s in record.sequence)
+            known = set(self._ids.values())
+            self._replays[key] = ((sequence, predict.simulate(self.inv, sequence)[1])
+                                  if all(s.kind is StepKind.MODULE or s.lib in known
+                                         for s in sequence) else None)
+        return self._replays[key]
 
     def in_closure(self, root: str, other: str) -> bool:
         facts, target = self.facts(root), identity(other)

@@ -37,7 +37,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadfuzz import hostenv, inventory
+from loadfuzz import hostenv
 from loadfuzz.elf.loader import LinkMap
 from loadfuzz.inventory import Library
 from loadfuzz.model import Sequence as Steps
@@ -109,14 +109,6 @@ class Tiers:
         standins = StandIns(link_map, [lib.path for lib in chosen]) if link_map else None
         return cls(frozenset(lib.path for lib in libraries if lib.needs_python),
                    {lib.path: tier_of(lib) for lib in chosen}, preloads, standins)
-
-    @classmethod
-    def for_steps(cls, seq: Steps) -> Tiers:
-        """The tiers of the libraries a sequence names by path (a `run` of loose files)."""
-        files = [step.path for step in seq if step.kind is not StepKind.MODULE]
-        if not files:
-            return NO_TIERS
-        return cls.of(inventory.load_libraries(list(dict.fromkeys(files))).libraries)
 
     def needs_python(self, seq: Steps) -> bool:
         return any(step.path in self.python for step in seq)
