@@ -137,6 +137,16 @@ def unforkable(pid: int, scratch: Path, pipes: dict[int, int]) -> str:
     return ""
 
 
+def end_group(pgid: int, wait_s: float = 5.0) -> None:
+    """SIGKILL a process group and wait until it is gone (init reaps the orphans)."""
+    deadline = time.monotonic() + wait_s
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+        while time.monotonic() < deadline:
+            os.killpg(pgid, 0)  # ProcessLookupError once no member is left
+            time.sleep(0.01)
+
+
 class HarnessDied(RuntimeError):
     """The harness process itself stopped answering (not a trial's doing)."""
 
@@ -386,9 +396,8 @@ class Harness:
         kill_tree(self.proc.pid)
         # What a preload forked lives in the server's own process group (its session) and is
         # orphaned once the server is gone (a refused preload ends it): that group goes too.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
+        end_group(self.proc.pid)
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
