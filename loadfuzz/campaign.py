@@ -14,7 +14,7 @@ import contextlib
 import shlex
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -121,32 +121,62 @@ def run_work(work: Sequence[Steps], trials: Trials, folder: ResultsFolder, jobs:
 
 class RunOnce:
     """Runs each distinct sequence once per campaign and appends its record to the folder:
-    a search (fuzz's rounds, repro's orders, shrinking) asks for the same sequence often."""
+    a search (fuzz's rounds, repro's orders, shrinking) asks for the same sequence often.
+
+    A trial ends at the step that failed: the harness never takes the steps after it. So a
+    sequence that repeats, step for step, the steps of an earlier trial up to the one it
+    ended at, would end there too; it is answered from memory (that trial's verdict, under
+    its own sequence) and does not run. Only trials that ran are appended to the folder
+    and counted; `recalled` counts the answers from memory."""
 
     def __init__(self, trials: Trials, folder: ResultsFolder, watcher: Watcher):
         self.trials, self.folder, self.watcher = trials, folder, watcher
         self.runs: dict[Key, TrialRecord] = {}
+        self.ended: dict[Key, TrialRecord] = {}  # the steps up to a failed one -> that trial
+        self.recalled = 0
 
     def knows(self, seq: Steps) -> bool:
-        """Whether this sequence has run already (its record comes from memory)."""
-        return sequence_key(seq) in self.runs
+        """Whether this sequence's record comes from memory (see `recall`)."""
+        return self.recall(seq) is not None
+
+    def recall(self, seq: Steps) -> TrialRecord | None:
+        """The record of a sequence that ran already, or of one whose steps up to a failed
+        one an earlier trial took, ending there (its record, under this sequence)."""
+        key = sequence_key(seq)
+        if key in self.runs:
+            return self.runs[key]
+        for end in range(1, len(key)):
+            ended = self.ended.get(key[:end])
+            if ended is not None:
+                return replace(ended, sequence=tuple(seq))
+        return None
+
+    def learn(self, record: TrialRecord) -> None:
+        """Remember a record that is in the folder already (`run_work` put it there)."""
+        key = record.key()
+        self.runs[key] = record
+        if not record.clean and record.step is not None and record.step < len(key):
+            self.ended.setdefault(key[:record.step + 1], record)
+
+    def _keep(self, record: TrialRecord) -> None:
+        self.learn(record)
+        self.folder.append(record)
+        self.watcher.finished(record)
 
     def take(self, record: TrialRecord) -> None:
         """A record run elsewhere (a search worker): kept, and appended to the folder, unless
         its sequence ran here already."""
         if record.key() not in self.runs:
-            self.runs[record.key()] = record
-            self.folder.append(record)
-            self.watcher.finished(record)
+            self._keep(record)
 
     def __call__(self, seq: Steps) -> TrialRecord:
-        key = sequence_key(seq)
-        if key not in self.runs:
-            record = self.trials.run(seq)
-            self.folder.append(record)
-            self.runs[key] = record
-            self.watcher.finished(record)
-        return self.runs[key]
+        known = self.recall(seq)
+        if known is not None:
+            self.recalled += 1
+            return known
+        record = self.trials.run(seq)
+        self._keep(record)
+        return record
 
 
 def summarize(campaign: Prepared, records: Iterable[TrialRecord], findings: Sequence[TrialRecord],

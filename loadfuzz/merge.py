@@ -303,6 +303,7 @@ def merged_summary(shards: Sequence[ShardFolder], folders: Sequence[Path], out: 
         dbs = {shard.summary.get("db") for shard in shards}
         extra = {"seed": seeds.pop() if len(seeds) == 1 else None,
                  "rounds": sum(shard.summary.get("rounds", 0) for shard in shards),
+                 "recalled": sum(shard.summary.get("recalled", 0) for shard in shards),
                  "max_len": first.get("max_len"), "db": dbs.pop() if len(dbs) == 1 else None,
                  "found": found}
     verdict = classified(findings, first["expectations"])

@@ -16,8 +16,11 @@ import time
 import psutil
 import pytest
 
+from loadfuzz.campaign import Quiet, RunOnce
 from loadfuzz.model import Flags, Outcome, Role, Step, StepKind, TrialRecord
 from loadfuzz.plan import step_options
+from loadfuzz.run.harness import Limits
+from loadfuzz.run.trials import Trials
 from loadfuzz.search.shrink import simplify
 from support import FIXTURES, LOADFUZZ, alive, loadfuzz
 
@@ -57,7 +60,7 @@ def test_a_campaign_finds_both_hidden_failures_each_shrunk_and_nothing_else(camp
 def test_the_search_runs_on_jobs_processes_and_their_trials_reach_the_one_folder_once(campaigns):
     base, first, _ = campaigns
     summary = json.loads(first.stdout)
-    assert summary["jobs"] == 2 and summary["rounds"] >= 2
+    assert summary["jobs"] == 2 and summary["rounds"] >= 2 and summary["recalled"] > 0
     lines = (base / "first" / "trials.jsonl").read_text().splitlines()
     firsts = {json.loads(line)["sequence"][0]["lib"] for line in lines}
     assert len(firsts) == 9  # the slices of both workers: every library starts some sequence
@@ -166,3 +169,24 @@ def test_a_stopped_fuzz_campaign_keeps_whole_records_and_leaves_no_process_behin
     while alive(everyone) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert alive(everyone) == []
+
+
+def test_a_sequence_that_repeats_an_earlier_trial_up_to_its_failed_step_is_answered_without_running():
+    """A trial ends at the step that failed, so the steps after it would never run: the search
+    gets the earlier trial's verdict, and nothing runs or is written. A clean trial tells
+    nothing about a longer sequence: that one runs."""
+    a, b, registry = (Step(StepKind.DLOPEN, name, Flags.LOCAL, CORPUS / name)
+                      for name in ("libcz_pair_a.so", "libcz_pair_b.so", "libcz_registry.so"))
+    written: list[TrialRecord] = []
+    with Trials(Limits()) as trials:
+        run = RunOnce(trials, written, Quiet())  # type: ignore[arg-type]
+        failed = run((a, b))
+        longer = run((a, b, registry))
+        clean = run((a,))
+        after_clean = run((a, registry))
+    assert (failed.outcome, failed.step, failed.op) == (Outcome.REREGISTER, 1, "cz::pair_op.out")
+    assert longer.sequence == (a, b, registry)
+    assert (longer.outcome, longer.step, longer.op) == (failed.outcome, 1, failed.op)
+    assert clean.clean and after_clean.clean
+    assert [r.sequence for r in written] == [(a, b), (a,), (a, registry)]
+    assert run.recalled == 1 and run.knows((a, b, b)) and not run.knows((a, a))

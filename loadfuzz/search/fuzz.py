@@ -37,7 +37,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from loadfuzz import plan, predict
 from loadfuzz.campaign import Prepared, RunOnce, Watcher, run_work, summarize, write_partial
 from loadfuzz.inventory import Inventory
-from loadfuzz.model import Flags, Step, StepKind, TrialRecord, UsageError, sequence_key
+from loadfuzz.model import Flags, Step, StepKind, TrialRecord, UsageError
 from loadfuzz.model import Sequence as Steps
 from loadfuzz.results import utc_now
 from loadfuzz.run.trials import Trials, is_python
@@ -152,7 +152,7 @@ def run_fuzz(campaign: Prepared, options: FuzzOptions, watcher: Watcher,
                 trials.close()
                 write_partial(campaign, list(runs.values()), list(findings.found.values()), trials,
                               started, time.monotonic() - clock, "finding", seed=base_seed,
-                              warnings=warnings, **search.summary(trials))
+                              warnings=warnings, **search.summary(trials, findings.run.recalled))
                 raise
             for record in confirmed:
                 remember(inv, db, record)
@@ -162,7 +162,7 @@ def run_fuzz(campaign: Prepared, options: FuzzOptions, watcher: Watcher,
             summary = summarize(campaign, runs.values(), confirmed, trials, started,
                                 time.monotonic() - clock, seed=base_seed, max_len=options.max_len,
                                 db=str(options.db), found=found, warnings=warnings,
-                                **search.summary(trials))
+                                **search.summary(trials, findings.run.recalled))
     finally:
         watcher.close()
         campaign.folder.close()
@@ -194,7 +194,7 @@ def explore(findings: Findings, campaign: Prepared, options: FuzzOptions,
     the search did. Every failure is kept in `findings`. Sequences
     start with this shard's slice of the libraries."""
     inv, libs, settings_ = campaign.inv, campaign.libs, campaign.settings
-    trials, runs = findings.run.trials, findings.run.runs
+    trials = findings.run.trials
     first_libs = {lib.id for lib in settings_.shard.take(list(libs))}
     first = [o for o in findings.options if o.lib in first_libs]
     known, unreadable = replayable(inv, db)
@@ -209,10 +209,11 @@ def explore(findings: Findings, campaign: Prepared, options: FuzzOptions,
     with workers.Workers(plan_, settings_.run.jobs, findings) as search:
         search.probed(probe_all(trials, findings.options, settings_.run.jobs))
         for phase, work in (("replay", in_shard), ("predicted", predicted)):
-            work = [seq for seq in work if sequence_key(seq) not in runs]
+            work = [seq for seq in work if not findings.run.knows(seq)]
             records = run_work(work, trials, campaign.folder, settings_.run.jobs,
                                findings.run.watcher)
-            runs.update((record.key(), record) for record in records)
+            for record in records:  # all of them known before any is simplified
+                findings.run.learn(record)
             for record in records:
                 if not record.clean:
                     findings.keep(record, phase)

@@ -89,16 +89,19 @@ class Report:
 
     jobs: int = 0
     rounds: int = 0
+    recalled: int = 0  # sequences the workers answered from memory (see `campaign.RunOnce`)
     search_s: float = 0.0
     usage: list[dict] = field(default_factory=list)  # each worker's `Usage.to_json()`
     preload: list[str] = field(default_factory=list)  # each worker's servers' preloads
 
-    def summary(self, trials: Trials) -> dict[str, Any]:
-        """The summary's `rounds`, `jobs`, `search_s`, and `servers` and `preload` of the
-        campaign's own process and every worker together."""
+    def summary(self, trials: Trials, recalled: int = 0) -> dict[str, Any]:
+        """The summary's `rounds`, `jobs`, `search_s`, `recalled` (with the campaign's own
+        process's `recalled`), and `servers` and `preload` of the campaign's own process and
+        every worker together."""
         servers = added([trials.usage.to_json(), *self.usage])
         preload = [str(step.path) for step in trials.preload] + self.preload
         return {"rounds": self.rounds, "jobs": self.jobs, "search_s": round(self.search_s, 2),
+                "recalled": self.recalled + recalled,
                 "servers": servers, "preload": list(dict.fromkeys(preload))}
 
 
@@ -269,6 +272,7 @@ def handle(message: tuple, worker: Worker, findings: Findings, report: Report,
     elif kind == "done":
         worker.done = True
         report.rounds += payload["rounds"]
+        report.recalled += payload["recalled"]
         report.usage.append(payload["usage"])
         report.preload += payload["preload"]
     elif kind == "error":
@@ -321,7 +325,8 @@ def work(assignment: Assignment, inbox: Inbox, outbox: Outbox, news: list[tuple]
             for failure in rounds.round(seed, assignment.first, plan.max_len, plan.until):
                 outbox.send("failure", failure)
             number += 1
-        outbox.send("done", {"rounds": number, "usage": trials.usage.to_json(),
+        outbox.send("done", {"rounds": number, "recalled": rounds.run.recalled,
+                             "usage": trials.usage.to_json(),
                              "preload": [str(step.path) for step in trials.preload]})
 
 
