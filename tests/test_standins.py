@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from loadfuzz import hostenv, inventory, plan
-from loadfuzz.model import Flags
+from loadfuzz.model import Flags, Step, StepKind
 from loadfuzz.run.harness import Harness, HarnessDied, HarnessStep, Limits
 from loadfuzz.run.tiers import Tiers
-from loadfuzz.run.trials import harness_steps
+from loadfuzz.run.trials import Trials, harness_steps
 from support import hostile, processes_holding
 
 LOADER = r"""
@@ -125,3 +125,55 @@ def test_a_server_whose_preload_a_fork_would_not_copy_whole_does_not_start(fixtu
     with pytest.raises(HarnessDied, match=why):
         Harness([HarnessStep("l", hostile(fixture))])
     assert processes_holding(hostile(fixture)) == []  # nor leaves what the preload started
+
+
+def test_a_torch_plugin_row_is_one_row_with_libpython_first_and_the_loader_agrees_nothing_moves(
+        loader, torch_tiers, tmp_path):
+    """The pairs that need libpython (a plugin then torch/_C or libtorch_python) and those that
+    do not (the plugin then anything else) begin with the same step: they share one row
+    server, libpython first, because no object those trials map defines or references a
+    name libpython defines. The loader's own account of each joined trial, cold and with
+    libpython first, is the same but for libpython's own relocations and constructor."""
+    inv, tiers = torch_tiers
+    work = plan.pairs(inv.libraries, [Flags.GLOBAL])
+    with Trials(Limits(), tiers) as trials:
+        batches = trials.batches(work)
+        plugin_rows = [b for b in batches if b[0][0].path.name == "libaoti_custom_ops.so"]
+        assert [len(row) for row in plugin_rows] == [len(inv.libraries) - 1]
+        joined = [seq for seq in work if trials.joins(seq)]
+        assert {seq[0].path.name for seq in joined} >= {"libaoti_custom_ops.so",
+                                                         "libtorchbind_test.so"}
+        assert not any(tiers.needs_python(seq) for seq in joined)
+        python = hostenv.libpython_path()
+        checked = {}
+        for seq in joined:
+            checked.setdefault(seq[0].path, seq)
+        for seq in checked.values():
+            route = trials.route_of(seq)
+            steps, prelude = harness_steps(seq, tiers, True)
+            assert prelude == 1 and steps[0] == HarnessStep("g", python)
+            warm_bindings, warm_inits = what_the_loader_did(loader, [*route.preload, *steps],
+                                                            tmp_path)
+            cold_bindings, cold_inits = what_the_loader_did(
+                loader, [*tiers.preload(seq), *harness_steps(seq, tiers)[0]], tmp_path)
+            assert not any(to.endswith(python.name) for who, to, _ in warm_bindings
+                           if not who.endswith(python.name)), seq
+            assert {b for b in warm_bindings if not b[0].endswith(python.name)} == cold_bindings
+            assert [i for i in warm_inits if not i.endswith(python.name)] == cold_inits
+
+
+def test_a_library_that_defines_a_name_libpython_defines_never_gets_libpython_first(tmp_path):
+    folder = tmp_path / "libs"
+    folder.mkdir()
+    for name, source in (("shadow", "int Py_IsInitialized(void) { return 1; }\n"),
+                         ("plain", "int plain_answer(void) { return 42; }\n")):
+        (tmp_path / f"{name}.c").write_text(source)
+        subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(folder / f"lib{name}.so"),
+                        str(tmp_path / f"{name}.c")], check=True)
+    inv = inventory.load_target(str(folder))
+    tiers = Tiers.of(inv.libraries, link_map=inv.link_map)
+    alone = {lib.path.name: (Step(StepKind.DLOPEN, lib.id, Flags.GLOBAL, lib.path),)
+             for lib in inv.libraries}
+    assert {name: tiers.python_inert(seq) for name, seq in alone.items()} == {
+        "libplain.so": True, "libshadow.so": False}
+    assert not tiers.python_inert(alone["libplain.so"] + alone["libshadow.so"])

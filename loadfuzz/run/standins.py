@@ -160,6 +160,19 @@ class StandIns:
             scope += tuple(o.identity for o in order if o.identity not in scope)
         return Load(new, inits, State(state.loaded + new, scope))
 
+    def avoids(self, path: Path, names: frozenset[str]) -> bool:
+        """Whether no object dlopen(path) can map (its closure) defines or references one of
+        `names`; False for a file the model lacks."""
+        key = ("avoids", path, names)
+        with self._lock:
+            if key in self._cache:
+                return self._cache[key] is not None
+        facts = self.by_path.get(path)
+        clear = facts is not None and not touches(names, self.map.search_list(facts)[0])
+        with self._lock:
+            self._cache[key] = path if clear else None
+        return clear
+
     # -- the rule ---------------------------------------------------------------------------
     def lookup_scope(self, state: State, root: ElfFacts) -> list[Key]:
         """Where the relocations of what dlopen(root) maps look symbols up: the global scope,

@@ -29,6 +29,11 @@ stand-in. What a stand-in printed while preloaded opens the trial's output
 fails, ends its process or leaves it unforkable (a thread, a child, a
 timer) makes its server fail to start, or its row be refused, and the
 trials go the usual way.
+
+A sequence that does not need libpython may still be run with it first
+(`python_inert`: no object its loads can map defines or references a name
+libpython defines), so that it shares a row with those that do need it
+(see `trials.Trials.batches`).
 """
 
 from __future__ import annotations
@@ -38,10 +43,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loadfuzz import hostenv
+from loadfuzz.elf.cache import ElfCache
 from loadfuzz.elf.loader import LinkMap
+from loadfuzz.elf.read import BadElf, ElfReader
 from loadfuzz.inventory import Library
+from loadfuzz.model import Flags, Step, StepKind
 from loadfuzz.model import Sequence as Steps
-from loadfuzz.model import Step, StepKind
 from loadfuzz.run.harness import HarnessStep
 from loadfuzz.run.standins import HEAVY_BYTES, StandIns
 
@@ -95,6 +102,7 @@ class Tiers:
     tiers: Mapping[Path, int]
     preloads: tuple[tuple[HarnessStep, ...], ...]  # per tier, LIGHT to HEAVY
     standins: StandIns | None = None
+    python_names: frozenset[str] = frozenset()  # what libpython defines (with the link map)
 
     @classmethod
     def of(cls, libraries: Iterable[Library], servers_for: Iterable[Library] | None = None,
@@ -108,7 +116,8 @@ class Tiers:
                          for level in (LIGHT, PYTHON, HEAVY))
         standins = StandIns(link_map, [lib.path for lib in chosen]) if link_map else None
         return cls(frozenset(lib.path for lib in libraries if lib.needs_python),
-                   {lib.path: tier_of(lib) for lib in chosen}, preloads, standins)
+                   {lib.path: tier_of(lib) for lib in chosen}, preloads, standins,
+                   python_defines() if standins else frozenset())
 
     def needs_python(self, seq: Steps) -> bool:
         return any(step.path in self.python for step in seq)
@@ -117,16 +126,30 @@ class Tiers:
         """Whether loading the step's library maps PyTorch's (unknown libraries are assumed to)."""
         return self.tiers.get(step.path, HEAVY) == HEAVY
 
-    def preload(self, seq: Steps) -> tuple[HarnessStep, ...]:
-        """What the server a trial forks from has preloaded: the lightest tier that will do."""
-        return self.preloads[max((self.tiers.get(step.path, HEAVY) for step in seq
-                                  if step.kind is not StepKind.MODULE), default=LIGHT)]
+    def python_inert(self, seq: Steps) -> bool:
+        """Whether libpython, loaded RTLD_GLOBAL before this sequence that does not need it,
+        would change nothing it does: every step is a library the model knows, loaded with
+        dlopen, and no object those loads can map defines or references a name libpython
+        defines (so no relocation of theirs can bind to libpython, nor libpython's to them)."""
+        model = self.standins
+        return bool(model and self.python_names) and not self.needs_python(seq) and all(
+            step.kind is StepKind.DLOPEN and step.flags is not Flags.PYTHON
+            and model.avoids(step.path, self.python_names) for step in seq)
+
+    def preload(self, seq: Steps, python: bool = False) -> tuple[HarnessStep, ...]:
+        """What the server a trial forks from has preloaded: the lightest tier that will do
+        (`python`: one that has libpython, for a sequence run with libpython first)."""
+        level = max((self.tiers.get(step.path, HEAVY) for step in seq
+                     if step.kind is not StepKind.MODULE), default=LIGHT)
+        return self.preloads[max(level, PYTHON) if python else level]
 
 
-    def route(self, seq: Steps, steps: Sequence[HarnessStep], prelude: int) -> Route:
+    def route(self, seq: Steps, steps: Sequence[HarnessStep], prelude: int,
+              python: bool = False) -> Route:
         """The route of a trial whose harness steps are `steps` (the first `prelude` of them
-        prerequisites): its tier's server, and the stand-ins the rule allows."""
-        tier = self.preload(seq)
+        prerequisites; `python`: libpython is one, though the sequence does not need it): its
+        tier's server, and the stand-ins the rule allows."""
+        tier = self.preload(seq, python)
         prefix = tuple(steps[:prelude + 1])
         model = self.standins
         if model is None or len(steps) <= prelude or not set(steps[:prelude]) <= set(tier):
@@ -144,6 +167,15 @@ class Tiers:
             if (follow := model.choose(state, steps[prelude + 1])) is not None:
                 hidden, costly = (HarnessStep("l", follow),), True
         return Route(preload, prefix, hidden, tier, costly)
+
+
+def python_defines() -> frozenset[str]:
+    """The names libpython defines (none when this interpreter has no shared libpython)."""
+    path = hostenv.libpython_path()
+    try:
+        return ElfReader(ElfCache.default()).facts(path).defines if path else frozenset()
+    except (OSError, BadElf):
+        return frozenset()
 
 
 NO_TIERS = Tiers(frozenset(), {}, ((), (), ()))

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from loadfuzz import hostenv
 from loadfuzz.classify import Signature, classify, load_catalogue
-from loadfuzz.model import Flags, Sequence, Step, StepKind, TrialRecord, Verdict
+from loadfuzz.model import Flags, Key, Sequence, Step, StepKind, TrialRecord, Verdict, sequence_key
 from loadfuzz.run import pycode
 from loadfuzz.run.harness import Harness, HarnessDied, HarnessStep, Limits
 from loadfuzz.run.ldtrace import LoaderTrace
@@ -70,15 +70,17 @@ def is_python(step: Step) -> bool:
     return step.kind is not StepKind.DLOPEN or step.flags is Flags.PYTHON
 
 
-def harness_steps(seq: Sequence, tiers: Tiers) -> tuple[list[HarnessStep], int]:
+def harness_steps(seq: Sequence, tiers: Tiers, python: bool = False,
+                  ) -> tuple[list[HarnessStep], int]:
     """The harness's steps for a sequence, and how many of them are prerequisites.
 
     A sequence with a Python step, or with a library whose undefined Python
     symbols only libpython defines, gets libpython loaded first, RTLD_GLOBAL,
-    as a Python process has it.
+    as a Python process has it; so does one run with `python` (one that
+    `Tiers.python_inert` allows, joining a row whose trials need it).
     """
     steps = [harness_step(s, tiers) for s in seq]
-    wants_python = tiers.needs_python(seq) or any(is_python(s) for s in seq)
+    wants_python = python or tiers.needs_python(seq) or any(is_python(s) for s in seq)
     libpython = hostenv.libpython_path() if wants_python else None
     if libpython is None:
         return steps, 0
@@ -143,6 +145,7 @@ class Trials:
         torch_root = torch_lib.parent if torch_lib is not None else None
         self.warm = WarmPython(hostenv.libpython_path(), torch_root is not None and any(
             path.is_relative_to(torch_root) for path in tiers.tiers))
+        self.joined: set[Key] = set()  # sequences run with libpython first though inert to it
         self._lock = threading.Lock()
 
     @property
@@ -174,7 +177,7 @@ class Trials:
         ended): the loader reports on the run, and a finding gets its cause from that report."""
         if self.closed:
             raise RuntimeError("the runner is closed: no more trials start")
-        steps, prelude = harness_steps(seq, self.tiers)
+        steps, prelude = harness_steps(seq, self.tiers, server is not None and self.joins(seq))
         trace: LoaderTrace | None = None
         if server is not None:
             evidence = server.run(steps, self.limits, prelude)
@@ -239,8 +242,9 @@ class Trials:
         """Where a trial forks from (`tiers.Route`: its tier's server, maybe with a stand-in),
         the interpreter started there (and torch imported) when its first step is Python (see
         `warm`; stand-ins never precede a Python step). Its tier's server is the way back."""
-        steps, prelude = harness_steps(seq, self.tiers)
-        route = self.tiers.route(seq, steps, prelude)
+        python = self.joins(seq)
+        steps, prelude = harness_steps(seq, self.tiers, python)
+        route = self.tiers.route(seq, steps, prelude, python)
         heavy = any(self.tiers.reaches_torch(s) for s in seq if s.kind is not StepKind.MODULE)
         warm = self.warm.preload(route.preload, steps, prelude, heavy, self._probe)
         return route if warm == route.preload else replace(route, preload=warm)
@@ -320,15 +324,45 @@ class Trials:
                 why = why.split(":")[0]
                 usage.rows_not_shared[why] = usage.rows_not_shared.get(why, 0) + 1
 
+    def joins(self, seq: Sequence) -> bool:
+        """Whether this sequence forks with libpython loaded first though it does not need it
+        (see `batches`); a cold run never has it."""
+        return sequence_key(seq) in self.joined
+
     def batches(self, work: Iterable[Sequence]) -> list[list[Sequence]]:
         """The work in batches, in first-seen order: a row of at least MIN_ROW
         sequences with one row key (2 when its row server maps a heavy library) is
-        one batch, any other sequence its own."""
+        one batch, any other sequence its own.
+
+        A row's first step is taken once per row key, and a sequence that needs
+        libpython has a key of its own. So a sequence that does not need it joins
+        the row of those that do, with the same first step, when libpython would
+        change nothing for it (`Tiers.python_inert`): the first step (libtorch_cpu,
+        for a torch plugin) is paid once instead of twice."""
         rows: dict[object, list[Sequence]] = {}
         for position, seq in enumerate(work):
             rows.setdefault(self.row_key(seq) or position, []).append(seq)
+        for key, row in list(rows.items()):
+            if isinstance(key, Route) and len(key.prefix) == 1 and (
+                    twin := self._python_twin(row)) in rows:
+                with self._lock:
+                    self.joined.update(sequence_key(seq) for seq in row)
+                rows[twin] += rows.pop(key)
         return [batch for key, row in rows.items()
                 for batch in ([row] if len(row) >= self.min_row(key) else [[seq] for seq in row])]
+
+    def _python_twin(self, row: list[Sequence]) -> Route | None:
+        """The row key these sequences would have with libpython first, when it is one key and
+        libpython is inert to every one of them."""
+        if not all(self.tiers.python_inert(seq) for seq in row):
+            return None
+        keys = set()
+        for seq in row:
+            steps, prelude = harness_steps(seq, self.tiers, True)
+            keys.add(self.tiers.route(seq, steps, prelude, True))
+        if len(keys) != 1:
+            return None
+        return keys.pop()
 
     @staticmethod
     def min_row(key: object) -> int:
