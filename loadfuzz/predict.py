@@ -86,6 +86,13 @@ class Process:
     def __post_init__(self) -> None:
         self.owners = self.inv.by_identity
 
+    def copy(self) -> Process:
+        """Another process in this one's state, to go on from separately."""
+        return replace(self, by_name=dict(self.by_name), loaded=dict(self.loaded),
+                       global_scope=list(self.global_scope), arrived=list(self.arrived),
+                       calls=list(self.calls),
+                       registries={key: list(held) for key, held in self.registries.items()})
+
     def name_of(self, obj: ElfFacts) -> str:
         lib = self.owners.get(obj.identity)
         return lib.id if lib else obj.path.name
@@ -211,17 +218,30 @@ class Process:
         raise AssertionError("a collision without an operator registered twice")
 
 
-def simulate(inv: Inventory, sequence: Sequence[Step]) -> tuple[Prediction, Process]:
+FirstSteps = dict[Step, tuple["Process", "Prediction | None"]]
+
+
+def simulate(inv: Inventory, sequence: Sequence[Step], firsts: FirstSteps | None = None,
+             ) -> tuple[Prediction, Process]:
     """The predicted outcome of running `sequence` (steps by library id) in one fresh process,
-    and the simulated process as it was when it ended."""
-    process = Process(inv)
+    and the simulated process as it was when it ended. `firsts`: the processes after a first
+    step, kept by step across calls (a matrix replays each first step many times)."""
+    process, start, ended = Process(inv), 0, None
+    if firsts is not None and sequence:
+        if sequence[0] not in firsts:
+            first = Process(inv)
+            firsts[sequence[0]] = (first, first.load(0, sequence[0]))
+        first, ended = firsts[sequence[0]]
+        process, start = (first if ended else first.copy()), 1
     python = any(s.kind is not StepKind.DLOPEN or s.flags is Flags.PYTHON for s in sequence)
-    for index, step in enumerate(sequence):
+    for index, step in enumerate(sequence[start:], start):
+        if ended is not None:
+            break
         ended = process.load(index, step)
-        if ended:
-            if python:
-                ended = replace(ended, confidence="low", evidence=(*ended.evidence, PYTHON_STEPS))
-            return replace(ended, sequence=tuple(sequence)), process
+    if ended is not None:
+        if python:
+            ended = replace(ended, confidence="low", evidence=(*ended.evidence, PYTHON_STEPS))
+        return replace(ended, sequence=tuple(sequence)), process
     return clean_prediction(tuple(sequence), process, python), process
 
 
@@ -290,8 +310,9 @@ def agreement(inv: Inventory, records: Iterable[TrialRecord]) -> dict:
     is predicted); the prediction names no crash, exit or timeout, so those always disagree."""
     agree, disagree = 0, []
     by_confidence = {level: {"agree": 0, "disagree": 0} for level in CONFIDENCE}
+    firsts: FirstSteps = {}
     for record in records:
-        predicted = replay(inv, record.sequence)
+        predicted = simulate(inv, record.sequence, firsts)[0]
         agreed = (predicted.outcome, predicted.op) == (record.outcome, record.op)
         by_confidence[predicted.confidence]["agree" if agreed else "disagree"] += 1
         if agreed:

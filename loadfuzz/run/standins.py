@@ -91,6 +91,8 @@ class StandIns:
         self._cache: dict[tuple, Path | None] = {}
         self._opened: dict[tuple[State, Key, bool], Load] = {}  # the model's dlopen, replayed once
         self._started: dict[tuple[HarnessStep, ...], State] = {}
+        self._lists: dict[tuple[State, Key], list[ElfFacts]] = {}  # search lists, by state
+        self._sizes: dict[Key, int] = {}
         self.first = tuple(f.identity for f in self.facts.values()
                            if f.path.name.startswith(STARTS_LOADED))
         self._lock = threading.Lock()
@@ -114,13 +116,17 @@ class StandIns:
         return self.open(state, facts, step.mode == "g").after
 
     def search_list(self, state: State, root: ElfFacts) -> list[ElfFacts]:
-        loaded = {}
-        for key in state.loaded:
-            facts = self.facts[key]
-            for name in (facts.soname, facts.path.name):
-                if name:
-                    loaded.setdefault(name, facts)
-        return self.map.search_list(root, loaded)[0]
+        """dlopen(root)'s search list in this state (worked out once per state and root)."""
+        found = self._lists.get((state, root.identity))
+        if found is None:
+            loaded = {}
+            for key in state.loaded:
+                facts = self.facts[key]
+                for name in (facts.soname, facts.path.name):
+                    if name:
+                        loaded.setdefault(name, facts)
+            found = self._lists[(state, root.identity)] = self.map.search_list(root, loaded)[0]
+        return found
 
     def deps(self, obj: ElfFacts) -> list[ElfFacts]:
         found = [self.map.links.get((obj.path, name)) for name in obj.needed]
@@ -205,8 +211,12 @@ class StandIns:
     def weight(self, state: State, lib: ElfFacts) -> int:
         """Bytes of the files dlopen(lib) would map in this state."""
         done = set(state.loaded)
-        return sum(self.facts[k].path.stat().st_size for k in
-                   (o.identity for o in self.search_list(state, lib)) if k not in done)
+        return sum(self.size(o) for o in self.search_list(state, lib) if o.identity not in done)
+
+    def size(self, obj: ElfFacts) -> int:
+        if obj.identity not in self._sizes:
+            self._sizes[obj.identity] = obj.path.stat().st_size
+        return self._sizes[obj.identity]
 
     def choose(self, state: State, step: HarnessStep) -> Path | None:
         """The library to load ahead of `step` in `state`, or None: among the heavy libraries
