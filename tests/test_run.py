@@ -206,6 +206,27 @@ def test_a_matrix_row_is_one_batch_and_a_cold_runner_shares_nothing():
         assert [len(batch) for batch in cold.batches(work)] == [1] * 40
 
 
+def test_the_servers_a_matrix_needs_start_while_it_is_planned_and_each_serves_its_trials():
+    """Planning (routing each pair) takes a while on a big target: the first time a fork
+    server's preload comes up, that server starts in the background; the trials that need it
+    take that one and no other starts for them."""
+    et = inventory.load_target(str(ET))
+    libs = [lib for lib in et.libraries if lib.path.name in (
+        "libexecutorch.so", "libquantized_ops_aot_lib.so", "libexecutorch_kernels_quantized.so")]
+    work = pairs(libs, [Flags.GLOBAL])
+    with Trials(LIMITS, Tiers.of(libs, link_map=et.link_map)) as trials:
+        batches = trials.batches(work)
+        planned = {batch_route.preload for batch_route in map(trials.row_key,
+                                                               (b[0] for b in batches))}
+        deadline = time.monotonic() + 30
+        while trials.usage.servers < len(planned) and time.monotonic() < deadline:
+            time.sleep(0.05)  # no trial has run: only what planning started
+        assert trials.usage.servers == len(planned)
+        records = [record for batch in batches for record in trials.run_batch(batch)]
+        assert trials.usage.servers == len(planned) >= 1
+    assert [r.sequence for r in records] == [seq for b in batches for seq in b]
+
+
 @pytest.mark.parametrize("flags", [Flags.GLOBAL, Flags.LOCAL])
 @pytest.mark.parametrize("reverse", [False, True])
 def test_run_time_quantized_kernels_and_the_legacy_plugin_reregister_in_either_order(

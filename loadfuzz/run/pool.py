@@ -1,7 +1,9 @@
 """Pool: the fork servers of one runner, kept by what they preloaded and reused trial after trial.
 
 A trial takes an idle server with the preload it needs (starting one when
-none is idle) and gives it back when done. A preload whose server cannot
+none is idle) and gives it back when done. A server can also be started
+ahead (`prestart`), while the work is still being planned: the first trial
+that needs that preload waits for it rather than starting another. A preload whose server cannot
 start (a preload that fails, a harness that dies at once) is remembered as
 broken, and its trials go cold from then on instead of ending the campaign.
 Cold harnesses (one per trial) are the pool's too while they run, so that
@@ -15,6 +17,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from loadfuzz.run.harness import Harness, HarnessDied, HarnessStep
@@ -52,19 +55,49 @@ class ServerPool:
         self._broken: set[Preload] = set()
         self._started: list[Preload] = []  # the preload of every server started, kept after close
         self._cold: set[Harness] = set()  # cold harnesses running a trial
+        self._ahead: dict[Preload, Future[Harness | None]] = {}  # started ahead, not yet taken
         self._lock = threading.Lock()
         self.closed = False
 
+    def prestart(self, preload: Preload) -> None:
+        """Start a server with this preload now, in the background (once per preload)."""
+        with self._lock:
+            if self.closed or preload in self._broken or preload in self._ahead \
+                    or preload in self._idle:
+                return
+            self._ahead[preload] = ahead = Future()
+
+        def start() -> None:
+            try:
+                ahead.set_result(self._start(preload))
+            except BaseException as exc:  # the trial that takes it sees the error
+                ahead.set_exception(exc)
+
+        threading.Thread(target=start, name="loadfuzz-prestart").start()
+
     def take(self, preload: Preload) -> Harness | None:
-        """An idle server with this preload, or a new one; None when such a server cannot run."""
+        """An idle server with this preload, else the one started ahead for it, else a new one;
+        None when such a server cannot run."""
         with self._lock:
             if self.closed or preload in self._broken:
                 return None
             idle = self._idle.setdefault(preload, queue.SimpleQueue())
+            ahead = self._ahead.pop(preload, None)
         try:
-            return idle.get_nowait()
+            server = idle.get_nowait()
         except queue.Empty:
-            pass
+            return ahead.result() if ahead is not None else self._start(preload)
+        if ahead is not None:  # not needed yet: it waits with the idle ones
+            ahead.add_done_callback(lambda done: self._idle_ahead(preload, done.result()))
+        return server
+
+    def _idle_ahead(self, preload: Preload, server: Harness | None) -> None:
+        if server is not None:
+            self.give_back(preload, server)
+
+    def _start(self, preload: Preload) -> Harness | None:
+        """A new server with this preload; None when it cannot start (the preload is then
+        remembered as broken) or the pool closed meanwhile."""
         began = time.monotonic()
         try:
             server = Harness(preload)
@@ -88,7 +121,7 @@ class ServerPool:
         if self.closed or not server.alive:
             server.close()
         else:
-            self._idle[preload].put(server)
+            self._idle.setdefault(preload, queue.SimpleQueue()).put(server)
 
     @property
     def preloaded(self) -> Preload:

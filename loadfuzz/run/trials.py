@@ -341,7 +341,10 @@ class Trials:
         for a torch plugin) is paid once instead of twice."""
         rows: dict[object, list[Sequence]] = {}
         for position, seq in enumerate(work):
-            rows.setdefault(self.row_key(seq) or position, []).append(seq)
+            key = self.row_key(seq) or position
+            if isinstance(key, Route) and key not in rows:
+                self.pool.prestart(key.preload)  # it starts while the rest is planned
+            rows.setdefault(key, []).append(seq)
         for key, row in list(rows.items()):
             if isinstance(key, Route) and len(key.prefix) == 1 and (
                     twin := self._python_twin(row)) in rows:
