@@ -89,7 +89,7 @@ class Explainer:
 
     def __init__(self, inv: Inventory, reader: ElfReader | None = None):
         self.inv = inv
-        self.reader = reader or ElfReader(ElfCache.default())
+        self._reader = reader
         self.rules = load_causes()
         self.owners = inv.by_identity
         self.files = {facts.identity: facts for facts in inv.link_map.files.values()}
@@ -98,6 +98,13 @@ class Explainer:
         self._replays: dict[tuple, tuple[tuple, predict.Process] | None] = {}
         self._ids: dict[Path, str] | None = None  # inventory ids by resolved path, made once
         self._callers: dict[str, ElfFacts | None] = {}  # a caller's facts, if it is the inventory's
+
+    @property
+    def reader(self) -> ElfReader:
+        """Made on first use: a campaign without a finding never reads an ELF file here."""
+        if self._reader is None:
+            self._reader = ElfReader(ElfCache.default())
+        return self._reader
         self.hints = tuple(kind.hint for kind in registries.REGISTRIES)
 
     # -- what the confirmation run should keep of the loader's account -------------------

@@ -35,6 +35,7 @@ from inside a preloaded object, and static TLS placement.
 
 from __future__ import annotations
 
+import itertools
 import re
 import threading
 from collections.abc import Iterable, Sequence
@@ -51,6 +52,8 @@ RESERVED = frozenset({"_edata", "_end", "__bss_start", "_init", "_fini"})
 VERSION_TAG = re.compile(r"[A-Z][A-Z0-9_]*_[0-9][0-9.]*")
 # The C library's own objects: their constructors observe nothing of the others'.
 C_LIBRARY = ("libc.so", "libdl.so", "libpthread.so", "librt.so", "libm.so", "ld-linux")
+# What every name libpython exports begins with.
+PYTHON_NAMES = ("Py", "_Py")
 # Below this many bytes of files to map, a load is cheap: no stand-in is worth a server.
 HEAVY_BYTES = 32 << 20
 # In every harness process before any step: the executable's own dependencies.
@@ -166,15 +169,18 @@ class StandIns:
             scope += tuple(o.identity for o in order if o.identity not in scope)
         return Load(new, inits, State(state.loaded + new, scope))
 
-    def avoids(self, path: Path, names: frozenset[str]) -> bool:
-        """Whether no object dlopen(path) can map (its closure) defines or references one of
-        `names`; False for a file the model lacks."""
-        key = ("avoids", path, names)
+    def avoids_python(self, path: Path) -> bool:
+        """Whether no object dlopen(path) can map (its closure) defines or references a name
+        libpython could define; False for a file the model lacks. CPython exports nothing
+        but names that begin with `Py` or `_Py` (its build checks it: Tools/build/smelly.py)."""
+        key = ("avoids python", path)
         with self._lock:
             if key in self._cache:
                 return self._cache[key] is not None
         facts = self.by_path.get(path)
-        clear = facts is not None and not touches(names, self.map.search_list(facts)[0])
+        clear = facts is not None and not any(
+            name.startswith(PYTHON_NAMES) for obj in self.map.search_list(facts)[0]
+            for name in itertools.chain(obj.defines, obj.undefined))
         with self._lock:
             self._cache[key] = path if clear else None
         return clear

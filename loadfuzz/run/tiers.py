@@ -43,9 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loadfuzz import hostenv
-from loadfuzz.elf.cache import ElfCache
 from loadfuzz.elf.loader import LinkMap
-from loadfuzz.elf.read import BadElf, ElfReader
 from loadfuzz.inventory import Library
 from loadfuzz.model import Flags, Step, StepKind
 from loadfuzz.model import Sequence as Steps
@@ -102,7 +100,6 @@ class Tiers:
     tiers: Mapping[Path, int]
     preloads: tuple[tuple[HarnessStep, ...], ...]  # per tier, LIGHT to HEAVY
     standins: StandIns | None = None
-    python_names: frozenset[str] = frozenset()  # what libpython defines (with the link map)
 
     @classmethod
     def of(cls, libraries: Iterable[Library], servers_for: Iterable[Library] | None = None,
@@ -116,8 +113,7 @@ class Tiers:
                          for level in (LIGHT, PYTHON, HEAVY))
         standins = StandIns(link_map, [lib.path for lib in chosen]) if link_map else None
         return cls(frozenset(lib.path for lib in libraries if lib.needs_python),
-                   {lib.path: tier_of(lib) for lib in chosen}, preloads, standins,
-                   python_defines() if standins else frozenset())
+                   {lib.path: tier_of(lib) for lib in chosen}, preloads, standins)
 
     def needs_python(self, seq: Steps) -> bool:
         return any(step.path in self.python for step in seq)
@@ -130,11 +126,12 @@ class Tiers:
         """Whether libpython, loaded RTLD_GLOBAL before this sequence that does not need it,
         would change nothing it does: every step is a library the model knows, loaded with
         dlopen, and no object those loads can map defines or references a name libpython
-        defines (so no relocation of theirs can bind to libpython, nor libpython's to them)."""
+        could define (so no relocation of theirs can bind to libpython, nor libpython's to
+        them; see `StandIns.avoids_python`)."""
         model = self.standins
-        return bool(model and self.python_names) and not self.needs_python(seq) and all(
+        return model is not None and not self.needs_python(seq) and all(
             step.kind is StepKind.DLOPEN and step.flags is not Flags.PYTHON
-            and model.avoids(step.path, self.python_names) for step in seq)
+            and model.avoids_python(step.path) for step in seq)
 
     def preload(self, seq: Steps, python: bool = False) -> tuple[HarnessStep, ...]:
         """What the server a trial forks from has preloaded: the lightest tier that will do
@@ -167,15 +164,6 @@ class Tiers:
             if (follow := model.choose(state, steps[prelude + 1])) is not None:
                 hidden, costly = (HarnessStep("l", follow),), True
         return Route(preload, prefix, hidden, tier, costly)
-
-
-def python_defines() -> frozenset[str]:
-    """The names libpython defines (none when this interpreter has no shared libpython)."""
-    path = hostenv.libpython_path()
-    try:
-        return ElfReader(ElfCache.default()).facts(path).defines if path else frozenset()
-    except (OSError, BadElf):
-        return frozenset()
 
 
 NO_TIERS = Tiers(frozenset(), {}, ((), (), ()))
