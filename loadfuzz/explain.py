@@ -98,6 +98,7 @@ class Explainer:
         self._replays: dict[tuple, tuple[tuple, predict.Process] | None] = {}
         self._ids: dict[Path, str] | None = None  # inventory ids by resolved path, made once
         self._callers: dict[str, ElfFacts | None] = {}  # a caller's facts, if it is the inventory's
+        self.hints = tuple(kind.hint for kind in registries.REGISTRIES)
 
     @property
     def reader(self) -> ElfReader:
@@ -105,7 +106,6 @@ class Explainer:
         if self._reader is None:
             self._reader = ElfReader(ElfCache.default())
         return self._reader
-        self.hints = tuple(kind.hint for kind in registries.REGISTRIES)
 
     # -- what the confirmation run should keep of the loader's account -------------------
     def keeps(self, caller: str, symbol: str, target: str) -> int:
