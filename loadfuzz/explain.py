@@ -59,10 +59,9 @@ def is_system(path: str) -> bool:
 
 def identity(path: str) -> tuple[int, int] | None:
     try:
-        info = os.stat(path)
+        return (info := os.stat(path)).st_dev, info.st_ino
     except OSError:
         return None
-    return info.st_dev, info.st_ino
 
 
 def carries_string(path: str, text: str) -> bool:
@@ -101,10 +100,8 @@ class Explainer:
         self.hints = tuple(kind.hint for kind in registries.REGISTRIES)
 
     @property
-    def reader(self) -> ElfReader:
-        """Made on first use: a campaign without a finding never reads an ELF file here."""
-        if self._reader is None:
-            self._reader = ElfReader(ElfCache.default())
+    def reader(self) -> ElfReader:  # made on first use: most campaigns never need one
+        self._reader = self._reader or ElfReader(ElfCache.default())
         return self._reader
 
     # -- what the confirmation run should keep of the loader's account -------------------
@@ -281,12 +278,10 @@ class Explainer:
     def registered(self, path: str, kind: registries.RegistryKind) -> tuple[tuple[str, ...], str]:
         """(the names the object registers into this kind of registry, its entry point)."""
         facts = self.facts(path)
-        if facts is None:
-            return (), ""
-        lib = self.owners.get(facts.identity)
-        entries = lib.entries if lib else registries.entry_points(facts)
+        lib = self.owners.get(facts.identity) if facts else None
+        entries = lib.entries if lib else registries.entry_points(facts) if facts else ()
         entry = next((e for e in entries if e.kind == kind.name), None)
-        if entry is None:
+        if facts is None or entry is None:
             return (), ""
         names = dict(lib.registrations if lib else registries.registrations(
             facts, (entry,), self.reader.names))
