@@ -37,7 +37,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from loadfuzz import plan, predict
 from loadfuzz.campaign import Prepared, RunOnce, Watcher, run_work, summarize, write_partial
 from loadfuzz.inventory import Inventory
-from loadfuzz.model import Flags, Step, StepKind, TrialRecord, UsageError
+from loadfuzz.model import Flags, Key, Step, StepKind, TrialRecord, UsageError
 from loadfuzz.model import Sequence as Steps
 from loadfuzz.results import utc_now
 from loadfuzz.run.trials import Trials, is_python
@@ -54,6 +54,7 @@ class Findings:
     until: float  # the budget's end: past it, simplifying tries only what ran already
     found: dict[Identity, TrialRecord] = field(default_factory=dict)
     origins: dict[Identity, tuple[str, float]] = field(default_factory=dict)
+    confirmed: dict[Key, TrialRecord] = field(default_factory=dict)  # a finding's cold run
     started: float = field(default_factory=time.monotonic)
 
     def keep(self, record: TrialRecord, phase: str) -> None:
@@ -76,6 +77,18 @@ class Findings:
     def known(self, record: TrialRecord) -> bool:
         """Whether this failure, as it stands, is one already kept simplified."""
         return Identity.of(record) in self.found
+
+    def unconfirmed(self) -> list[TrialRecord]:
+        """The findings not confirmed cold yet, simplest first."""
+        return sorted((record for record in self.found.values()
+                       if record.key() not in self.confirmed),
+                      key=lambda record: simplicity(record.sequence, self.options))
+
+    def confirm(self, record: TrialRecord) -> TrialRecord:
+        """The cold confirmation of a finding (`Trials.confirm`), run once."""
+        if record.key() not in self.confirmed:
+            self.confirmed[record.key()] = self.run.trials.confirm(record)
+        return self.confirmed[record.key()]
 
 
 # --- the example database: minimal sequences by target -------------------------------
@@ -172,12 +185,13 @@ def run_fuzz(campaign: Prepared, options: FuzzOptions, watcher: Watcher,
 
 
 def confirm_all(findings: Findings, trials: Trials, jobs: int) -> list[TrialRecord]:
-    """The findings, simplest first, each confirmed cold (`jobs` at a time); one the cold run
-    calls clean is no finding (the disagreement is kept in the summary)."""
+    """The findings, simplest first, each confirmed cold (`jobs` at a time; those the search
+    confirmed while it waited are not run again); one the cold run calls clean is no finding
+    (the disagreement is kept in the summary)."""
     ordered = sorted(findings.found.items(),
                      key=lambda item: simplicity(item[1].sequence, findings.options))
     with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
-        colds = list(pool.map(trials.confirm, [record for _, record in ordered]))
+        colds = list(pool.map(findings.confirm, [record for _, record in ordered]))
     confirmed = []
     for (identity, _), cold in zip(ordered, colds, strict=True):
         if not cold.clean:

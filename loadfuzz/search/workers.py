@@ -240,15 +240,21 @@ class Workers:
 
     def listen(self) -> Report:
         """Take the workers' messages until every one has ended, having said `done`; while
-        none is waiting, simplify the failures they found (with the campaign's own trials)."""
+        none is waiting, simplify the failures they found (with the campaign's own trials),
+        and while there is nothing to simplify either, confirm the findings cold, so that
+        few are left to confirm once the budget is spent."""
         waiting: list[TrialRecord] = []
         live = list(self.running)
         while live or waiting:
+            unconfirmed = [] if waiting else self.findings.unconfirmed()
             try:
-                worker, message = self.messages.get(block=not waiting, timeout=1.0)
+                worker, message = self.messages.get(block=not waiting,
+                                                    timeout=0.2 if unconfirmed else 1.0)
             except queue.Empty:
                 if waiting:
                     self.findings.keep(waiting.pop(0), "search")
+                elif unconfirmed and time.monotonic() < self.plan.until:
+                    self.findings.confirm(unconfirmed[0])
                 continue
             if message is None:
                 live.remove(worker)
