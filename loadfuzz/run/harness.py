@@ -278,6 +278,23 @@ class Harness:
             message += [b"%s %d\n" % (step.mode.encode(), len(raw)), raw]
         os.write(self._ctl, b"".join(message))
 
+    def _trial_folder(self) -> Path:
+        """The next trial's working folder, empty: one folder, trial after trial, while the
+        trials leave it empty (a mkdir and an rmdir per trial cost 0.15 ms on ext4, a sixth
+        of a light trial), else a fresh one."""
+        folder = self.scratch / "trial"
+        try:
+            with os.scandir(folder) as entries:
+                if next(entries, None) is None:
+                    return folder
+        except FileNotFoundError:
+            folder.mkdir()
+            return folder
+        except OSError:
+            pass  # a trial took its permissions away
+        shutil.rmtree(folder, ignore_errors=True)  # what the last trial left
+        return self._trial_folder() if not folder.exists() else self._workdir("trial")
+
     def _workdir(self, kind: str) -> Path:
         self._count += 1
         workdir = self.scratch / f"{kind}-{self._count}"
@@ -341,7 +358,7 @@ class Harness:
         shared = self.shared or SharedPrefix((), b"", 0)
         skip = len(shared.steps)
         assert tuple(steps[:skip]) == shared.steps, "a trial of a row begins with its prefix"
-        workdir = self._workdir("trial")
+        workdir = self._trial_folder()
         try:
             self._send(b"TRIAL", steps[skip:], limits, workdir)
             deadline = time.monotonic() + len(steps) * limits.timeout_s + MARGIN_S
@@ -355,8 +372,6 @@ class Harness:
         except (OSError, HarnessDied):
             self.close()
             raise
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
         started, done = started + skip, done + skip
         return Evidence(
             steps=len(steps) - prelude,
