@@ -96,6 +96,7 @@ class StandIns:
         self._started: dict[tuple[HarnessStep, ...], State] = {}
         self._lists: dict[tuple[State, Key], list[ElfFacts]] = {}  # search lists, by state
         self._sizes: dict[Key, int] = {}
+        self._pythonish: dict[Key, bool] = {}
         self.first = tuple(f.identity for f in self.facts.values()
                            if f.path.name.startswith(STARTS_LOADED))
         self._lock = threading.Lock()
@@ -178,12 +179,17 @@ class StandIns:
             if key in self._cache:
                 return self._cache[key] is not None
         facts = self.by_path.get(path)
-        clear = facts is not None and not any(
-            name.startswith(PYTHON_NAMES) for obj in self.map.search_list(facts)[0]
-            for name in itertools.chain(obj.defines, obj.undefined))
+        clear = facts is not None and not any(map(self.names_python, self.map.search_list(facts)[0]))
         with self._lock:
             self._cache[key] = path if clear else None
         return clear
+
+    def names_python(self, obj: ElfFacts) -> bool:
+        """Whether the object defines or references a name that begins with `Py` or `_Py`."""
+        if obj.identity not in self._pythonish:  # libtorch_cpu alone has ~300,000 names
+            self._pythonish[obj.identity] = any(
+                name.startswith(PYTHON_NAMES) for name in itertools.chain(obj.defines, obj.undefined))
+        return self._pythonish[obj.identity]
 
     # -- the rule ---------------------------------------------------------------------------
     def lookup_scope(self, state: State, root: ElfFacts) -> list[Key]:
