@@ -35,6 +35,7 @@ from inside a preloaded object, and static TLS placement.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import re
 import threading
@@ -89,8 +90,10 @@ class StandIns:
         self.by_path = {path: facts for path, facts in link_map.files.items()}
         wanted = {Path(path) for path in candidates}
         self.candidates = [f for p, f in link_map.files.items() if p in wanted]
-        self.reach = {lib.identity: sum(lib.identity in {o.identity for o in link_map.search_list(c)[0]}
-                                        for c in self.candidates) for lib in self.candidates}
+        # how many candidates reach each candidate (itself included): each closure worked out once
+        reached = collections.Counter(key for c in self.candidates
+                                      for key in {o.identity for o in link_map.search_list(c)[0]})
+        self.reach = {lib.identity: reached[lib.identity] for lib in self.candidates}
         self._cache: dict[tuple, Path | None] = {}
         self._opened: dict[tuple[State, Key, bool], Load] = {}  # the model's dlopen, replayed once
         self._started: dict[tuple[HarnessStep, ...], State] = {}
