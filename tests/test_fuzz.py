@@ -11,6 +11,7 @@ them (a sequence of three).
 import json
 import signal
 import subprocess
+import sys
 import time
 
 import psutil
@@ -169,6 +170,28 @@ def test_a_stopped_fuzz_campaign_keeps_whole_records_and_leaves_no_process_behin
     while alive(everyone) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert alive(everyone) == []
+
+
+def test_a_sigterm_that_lands_where_python_cannot_raise_stops_the_worker_at_its_next_trial_quietly():
+    """Hypothesis runs gc callbacks; a SIGTERM arriving in one (or in a `__del__`) raises a
+    SystemExit that Python drops. The worker prints nothing of it and stops at its next trial."""
+    program = """
+import os, signal, sys
+from loadfuzz.search.workers import Outbox, stop_on_sigterm
+stopping = stop_on_sigterm()
+class Dropped:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1000):  # the handler runs here, and its SystemExit is dropped
+            pass
+Dropped()
+print("went on", stopping.is_set(), flush=True)
+Outbox(1, os.getppid(), stopping).append(None)
+print("not reached")
+"""
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          timeout=60)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "went on True\n", "")
 
 
 def test_a_sequence_that_repeats_an_earlier_trial_up_to_its_failed_step_is_answered_without_running():

@@ -294,13 +294,14 @@ class Outbox:
 
     fd: int
     parent: int
+    stopping: threading.Event  # set by SIGTERM (see `stop_on_sigterm`)
 
     def send(self, kind: str, payload: object) -> None:
         send(self.fd, kind, payload)
 
     def append(self, record: TrialRecord) -> None:
-        if os.getppid() != self.parent:
-            raise SystemExit(0)  # the campaign's process is gone: so is its search
+        if os.getppid() != self.parent or self.stopping.is_set():
+            raise SystemExit(0)  # the campaign's process is gone or stopped us: so is the search
         self.send("trial", record)
 
 
@@ -336,10 +337,35 @@ def work(assignment: Assignment, inbox: Inbox, outbox: Outbox, news: list[tuple]
                              "preload": [str(step.path) for step in trials.preload]})
 
 
+def stop_on_sigterm() -> threading.Event:
+    """Make SIGTERM end this worker by unwinding (its fork servers close on the way out).
+
+    The handler raises SystemExit wherever the main thread happens to be. Where
+    Python cannot raise (a gc callback, such as Hypothesis's, a `__del__`, a
+    weakref callback), the exception is dropped as "unraisable": that is not
+    printed, and the returned event, set by the handler, stops the worker at
+    its next trial (`Outbox.append`)."""
+    stopping = threading.Event()
+
+    def handler(*_: object) -> None:
+        stopping.set()
+        raise SystemExit(0)
+
+    default = sys.unraisablehook
+
+    def unraisable(report: Any) -> None:
+        if not (stopping.is_set() and isinstance(report.exc_value, SystemExit)):
+            default(report)
+
+    sys.unraisablehook = unraisable
+    signal.signal(signal.SIGTERM, handler)
+    return stopping
+
+
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwinds: the servers close
+    stopping = stop_on_sigterm()
     inbox = Inbox(sys.stdin.fileno())
     messages: list[tuple] = []
     while not messages:
@@ -349,7 +375,7 @@ def main() -> None:
         messages = got
     (_, assignment), *news = messages
     sys.path[:] = assignment.plan.sys_path
-    outbox = Outbox(int(sys.argv[1]), assignment.parent)
+    outbox = Outbox(int(sys.argv[1]), assignment.parent, stopping)
     try:
         work(assignment, inbox, outbox, news)
     except Exception:
