@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from loadfuzz import inventory
 from loadfuzz.model import Flags, Outcome, StepKind
 from loadfuzz.plan import pairs
 from loadfuzz.run.harness import Harness, HarnessDied, HarnessStep, Limits, run_cold
+from loadfuzz.run.pool import ServerPool
 from loadfuzz.run.tiers import Tiers
 from loadfuzz.run.trials import Trials, run_all
 from support import (
@@ -315,6 +317,26 @@ def test_a_server_that_cannot_start_leaves_no_process_and_no_scratch_folder(
     children_before = {p.pid for p in psutil.Process().children(recursive=True)}
     with pytest.raises(HarnessDied, match=why):
         Harness((HarnessStep("l", path),))
+    assert list(scratch.iterdir()) == []
+    assert alive_children(children_before) == []
+
+
+@pytest.mark.parametrize("when", ["while it starts", "once it started"])
+def test_a_server_started_ahead_for_trials_that_never_came_is_closed_with_its_pool(
+        tmp_path, monkeypatch, when):
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    children_before = {p.pid for p in psutil.Process().children(recursive=True)}
+    pool = ServerPool()
+    pool.prestart((HarnessStep("l", CLEAN),))
+    deadline = time.monotonic() + 30
+    while when == "once it started" and not pool.usage.servers and time.monotonic() < deadline:
+        time.sleep(0.01)
+    pool.close()
+    for thread in threading.enumerate():
+        if thread.name == "loadfuzz-prestart":
+            thread.join(timeout=30)
     assert list(scratch.iterdir()) == []
     assert alive_children(children_before) == []
 

@@ -156,9 +156,18 @@ class ServerPool:
             servers, self._all = self._all, []
             running = list(self._cold)
             idle = [q for q in self._idle.values()]
+            ahead, self._ahead = list(self._ahead.values()), {}
         for harness in [*servers, *running]:
             harness.kill()
+        for untaken in ahead:  # started ahead for a trial that never came: nobody else closes it
+            untaken.add_done_callback(close_started)
         for waiting in idle:
             with contextlib.suppress(queue.Empty):
                 while True:
                     waiting.get_nowait().close()
+
+
+def close_started(started: Future[Harness | None]) -> None:
+    """Close the server a start produced, if it produced one."""
+    if started.exception() is None and (server := started.result()) is not None:
+        server.close()
