@@ -74,10 +74,11 @@ def alive(processes):
     return running
 
 
-def loadfuzz(*args: str, cwd: Path | None = None, timeout: float = 600):
+def loadfuzz(*args: str, cwd: Path | None = None, timeout: float = 600,
+             env: dict[str, str] | None = None):
     """Run the CLI as a user would; returns the CompletedProcess (text)."""
     return subprocess.run([str(LOADFUZZ), *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=timeout)
+                          cwd=cwd, timeout=timeout, env=env)
 
 
 # --- the three paths a trial can take ---------------------------------------------------

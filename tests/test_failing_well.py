@@ -39,12 +39,16 @@ def tiny_disk(tmp_path):
 def test_a_full_disk_is_exit_3_with_one_line_whole_records_and_a_resume_that_finishes(
         tiny_disk, tmp_path):
     out = tiny_disk / "out"
-    done = loadfuzz("matrix", "executorch", "--add", LEGACY_PLUGIN, "--out", out)
+    scratch = tmp_path / "tmp"  # its servers' scratch folders: all gone when it stops
+    scratch.mkdir()
+    done = loadfuzz("matrix", "executorch", "--add", LEGACY_PLUGIN, "--out", out,
+                    env={**os.environ, "TMPDIR": str(scratch)})
     assert done.returncode == 3, done.stderr
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
     assert "No space left on device" in done.stderr and "--resume --out" in done.stderr
     kept = whole_lines(out / "trials.jsonl")
     assert 0 < len(kept) < PAIRS_WITH_PLUGIN
+    assert list(scratch.iterdir()) == []
     bigger = tmp_path / "bigger"
     shutil.copytree(out, bigger)
     resumed = loadfuzz("matrix", "executorch", "--add", LEGACY_PLUGIN, "--resume", "--out", bigger,
@@ -61,7 +65,9 @@ def test_a_harness_that_cannot_be_built_is_exit_3_and_the_traceback_goes_to_erro
         tmp_path, how):
     blocker = tmp_path / "a file, not a folder"
     blocker.write_text("")
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "fresh cache")}
+    scratch = tmp_path / "tmp"  # where its servers would have kept their scratch folders
+    scratch.mkdir()
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "fresh cache"), "TMPDIR": str(scratch)}
     if how == "no compiler":
         env["CC"] = str(tmp_path / "no-such-cc")
     else:
@@ -74,6 +80,7 @@ def test_a_harness_that_cannot_be_built_is_exit_3_and_the_traceback_goes_to_erro
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
     assert "harness" in done.stderr and str(out / "error.log") in done.stderr
     assert "Traceback" in (out / "error.log").read_text()
+    assert list(scratch.iterdir()) == []
 
 
 def test_garbage_in_the_example_database_is_one_warning_and_the_campaign_goes_on(tmp_path):

@@ -166,6 +166,7 @@ class Harness:
     def __init__(self, preload: Sequence[HarnessStep] = (), observe: bool = False):
         """`observe`: the loader reports what it did (see `ldtrace`); read it with `trace`."""
         self.preload = tuple(preload)
+        binary = harness_binary()  # first: a harness that cannot be built leaves nothing behind
         self.scratch = Path(tempfile.mkdtemp(prefix="loadfuzz-"))
         self._count = 0
         self.shared: SharedPrefix | None = None
@@ -173,7 +174,7 @@ class Harness:
         self.preface = SharedPrefix((), b"", 0)  # what a Python preload printed
         ctl_r, ctl_w = os.pipe()
         st_r, st_w = os.pipe()
-        args = [str(harness_binary()), "--ctl", str(ctl_r), "--status", str(st_w)]
+        args = [str(binary), "--ctl", str(ctl_r), "--status", str(st_w)]
         args += ["--parent", str(os.getpid())]
         for step in self.preload:
             if step.mode == "y":

@@ -271,10 +271,12 @@ class Trials:
             server = self.pool.take(preload)
             if server is None:
                 continue
-            fast = self._fast(seq, "fork-server", server)
+            try:
+                fast = self._fast(seq, "fork-server", server)
+            finally:  # a server that died is closed there
+                self.pool.give_back(preload, server)
             if fast is None:  # it died under the trial: the cold path decides
                 return self.run_cold(seq)
-            self.pool.give_back(preload, server)
             return self._confirm(fast)
         return self.run_cold(seq)
 
@@ -295,24 +297,32 @@ class Trials:
         server = self.pool.take(route.preload)
         left = list(row)
         if server is not None:
-            with contextlib.ExitStack() as stack:
-                began = time.monotonic()
-                try:
-                    shared = stack.enter_context(server.sharing(route.prefix, self.limits,
-                                                                route.hidden))
-                except HarnessDied:  # the server could not start the row
-                    shared = False
-                self._count_row(shared, server.unshared, time.monotonic() - began)
-                while shared and left:
-                    fast = self._fast(left[0], "shared prefix", server)
-                    if fast is None:  # the server died: the rest go the usual way
-                        break
-                    record = self._confirm(fast)
-                    left.pop(0)
-                    yield record
-            self.pool.give_back(route.preload, server)
+            try:  # given back even when the caller leaves early (a stopped campaign)
+                yield from self._shared_row(route, server, left)
+            finally:
+                self.pool.give_back(route.preload, server)
         for seq in left:
             yield self.run(seq)
+
+    def _shared_row(self, route: Route, server: Harness, left: list[Sequence],
+                    ) -> Iterator[TrialRecord]:
+        """The records of the row's sequences, from a row server on `server`, each taken off
+        `left` as it is done; stops early (the rest left) when the row cannot be shared."""
+        with contextlib.ExitStack() as stack:
+            began = time.monotonic()
+            try:
+                shared = stack.enter_context(server.sharing(route.prefix, self.limits,
+                                                            route.hidden))
+            except HarnessDied:  # the server could not start the row
+                shared = False
+            self._count_row(shared, server.unshared, time.monotonic() - began)
+            while shared and left:
+                fast = self._fast(left[0], "shared prefix", server)
+                if fast is None:  # the server died: the rest go the usual way
+                    break
+                record = self._confirm(fast)
+                left.pop(0)
+                yield record
 
     def _count_row(self, shared: bool, why: str, took_s: float) -> None:
         usage = self.pool.usage
