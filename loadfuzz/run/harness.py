@@ -182,6 +182,7 @@ class Harness:
             else:
                 args += ["--preload-global" if step.mode == "g" else "--preload", str(step.path)]
         self._ctl, self._status = ctl_w, st_r
+        self._closed = False
         self._buffer = b""
         self.preload_output = b""  # what the preloads printed: it opens every trial's output
         printed = tempfile.TemporaryFile()  # noqa: SIM115 (the server's stdout and stderr; closed below)
@@ -402,7 +403,12 @@ class Harness:
             kill_tree(self.proc.pid)
 
     def close(self) -> None:
-        """Stop the server: EOF on its control pipe, then SIGKILL for anything left."""
+        """Stop the server: EOF on its control pipe, then SIGKILL for anything left. Only the
+        first call does anything (a later one must not signal a process group whose number
+        may have been reused)."""
+        if self._closed:
+            return
+        self._closed = True
         for fd in (self._ctl, self._status):
             with contextlib.suppress(OSError):
                 os.close(fd)

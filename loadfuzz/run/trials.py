@@ -273,7 +273,7 @@ class Trials:
                 continue
             try:
                 fast = self._fast(seq, "fork-server", server)
-            finally:  # a server that died is closed there
+            finally:  # back to the pool, which closes it if it died
                 self.pool.give_back(preload, server)
             if fast is None:  # it died under the trial: the cold path decides
                 return self.run_cold(seq)
