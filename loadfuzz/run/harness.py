@@ -182,7 +182,6 @@ class Harness:
             else:
                 args += ["--preload-global" if step.mode == "g" else "--preload", str(step.path)]
         self._ctl, self._status = ctl_w, st_r
-        self._closed = False
         self._buffer = b""
         self.preload_output = b""  # what the preloads printed: it opens every trial's output
         printed = tempfile.TemporaryFile()  # noqa: SIM115 (the server's stdout and stderr; closed below)
@@ -406,9 +405,8 @@ class Harness:
         """Stop the server: EOF on its control pipe, then SIGKILL for anything left. Only the
         first call does anything (a later one must not signal a process group whose number
         may have been reused)."""
-        if self._closed:
+        if self._ctl < 0:  # closed already: close() leaves -1 here
             return
-        self._closed = True
         for fd in (self._ctl, self._status):
             with contextlib.suppress(OSError):
                 os.close(fd)
