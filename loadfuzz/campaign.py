@@ -26,6 +26,7 @@ from loadfuzz.inventory import Inventory, Library
 from loadfuzz.model import Key, TrialRecord, UsageError, sequence_key
 from loadfuzz.model import Sequence as Steps
 from loadfuzz.results import ResultsFolder, default_out, utc_now
+from loadfuzz.run.pool import ServerPool
 from loadfuzz.run.trials import Trials, run_all
 from loadfuzz.settings import CampaignSettings
 
@@ -72,8 +73,9 @@ class Prepared:
     def out(self):
         return self.folder.out
 
-    def trials(self, servers_for: Sequence[Library] | None = None, confirm: bool = True) -> Trials:
-        return self.settings.run.trials(self.inv, tuple(servers_for or self.libs), confirm)
+    def trials(self, servers_for: Sequence[Library] | None = None, confirm: bool = True,
+               pool: ServerPool | None = None) -> Trials:
+        return self.settings.run.trials(self.inv, tuple(servers_for or self.libs), confirm, pool)
 
     def resume_command(self) -> str | None:
         """The command that continues this campaign (matrix only: fuzz and repro start anew)."""
@@ -237,17 +239,19 @@ def write_partial(campaign: Prepared, records: Sequence[TrialRecord],
         campaign.folder.write_reports(summary, records, per=per)
 
 
-def run_matrix(campaign: Prepared, watcher: Watcher) -> tuple[dict[str, Any], list[TrialRecord]]:
+def run_matrix(campaign: Prepared, watcher: Watcher, pool: ServerPool | None = None,
+               ) -> tuple[dict[str, Any], list[TrialRecord]]:
     """Every ordered pair of the selected libraries under each flags mode (this shard's slice),
     into the results folder; the summary and every record, reports written. Stopped (a signal)
-    or failing, it leaves a partial summary and report of what finished, then raises."""
+    or failing, it leaves a partial summary and report of what finished, then raises.
+    `pool`: fork servers already starting (`ahead`), closed when the run ends."""
     settings = campaign.settings
     work = plan.pairs(campaign.libs, settings.flags, settings.shard)
     watcher.planned(len(work))
     started, clock = utc_now(), time.monotonic()
     campaign.folder.open()
     try:
-        with campaign.trials() as trials:
+        with campaign.trials(pool=pool) as trials:
             try:
                 records = run_work(work, trials, campaign.folder, settings.run.jobs, watcher)
             except BaseException:

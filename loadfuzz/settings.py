@@ -7,15 +7,17 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from loadfuzz import inventory
 from loadfuzz.expect import Expectation, load_expectations
-from loadfuzz.explain import Explainer
 from loadfuzz.model import Flags
 from loadfuzz.plan import WHOLE, Shard
 from loadfuzz.run.harness import Limits
-from loadfuzz.run.tiers import Tiers
-from loadfuzz.run.trials import Trials
+
+if TYPE_CHECKING:  # imported where used: a command reads its settings before they load
+    from loadfuzz import inventory
+    from loadfuzz.run.pool import ServerPool
+    from loadfuzz.run.trials import Trials
 
 
 @dataclass(frozen=True)
@@ -48,12 +50,17 @@ class RunSettings:
 
     def trials(self, inv: inventory.Inventory,
                servers_for: tuple[inventory.Library, ...] | None = None,
-               confirm: bool = True) -> Trials:
+               confirm: bool = True, pool: ServerPool | None = None) -> Trials:
         """A runner for sequences of the inventory's libraries, its fork servers built for
         `servers_for` (default: every library); `confirm` False: findings are not confirmed
-        cold one by one (a search confirms those it reports)."""
+        cold one by one (a search confirms those it reports); `pool`: the fork servers to use
+        (default: a new pool; see `ahead`)."""
+        from loadfuzz.explain import Explainer
+        from loadfuzz.run.tiers import Tiers
+        from loadfuzz.run.trials import Trials
+
         return Trials(self.limits, Tiers.of(inv.libraries, servers_for, inv.link_map),
-                      cold=self.cold, confirm=confirm, explainer=Explainer(inv))
+                      cold=self.cold, confirm=confirm, explainer=Explainer(inv), pool=pool)
 
 
 @dataclass(frozen=True)

@@ -144,15 +144,23 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_matrix(args: argparse.Namespace) -> int:
     from loadfuzz.baseline import check_fail_on
-    from loadfuzz.campaign import exit_status, prepare, run_matrix
+    from loadfuzz.run import ahead
 
     check_fail_on(args.fail_on, args.baseline)
-    campaign = prepare(campaign_settings(args), "matrix", baseline=args.baseline)
+    settings = campaign_settings(args)
+    pool = ahead.start("matrix", settings)  # they start while the rest loads and reads
     try:
-        with failing_into(campaign):
-            summary, records = run_matrix(campaign, Progress("matrix"))
-    except KeyboardInterrupt as stop:
-        return interrupted(campaign, stop)
+        from loadfuzz.campaign import exit_status, prepare, run_matrix
+
+        campaign = prepare(settings, "matrix", baseline=args.baseline)
+        try:
+            with failing_into(campaign):
+                summary, records = run_matrix(campaign, Progress("matrix"), pool)
+        except KeyboardInterrupt as stop:
+            return interrupted(campaign, stop)
+    finally:
+        pool.close()
+    ahead.remember("matrix", settings, pool)
     if args.json:
         printing.print_json(summary)
     else:

@@ -6,6 +6,9 @@ ahead (`prestart`), while the work is still being planned: the first trial
 that needs that preload waits for it rather than starting another. A preload whose server cannot
 start (a preload that fails, a harness that dies at once) is remembered as
 broken, and its trials go cold from then on instead of ending the campaign.
+A server started on a guess (`prestart(guess=True)`, see `ahead`) is the
+exception: when it cannot start, nothing is remembered, and the first trial
+that needs its preload starts a server of its own, which decides.
 Cold harnesses (one per trial) are the pool's too while they run, so that
 closing the pool (Ctrl-C, SIGTERM) ends every trial in flight at once.
 """
@@ -53,14 +56,16 @@ class ServerPool:
         self._idle: dict[Preload, queue.SimpleQueue[Harness]] = {}
         self._all: list[Harness] = []
         self._broken: set[Preload] = set()
-        self._started: list[Preload] = []  # the preload of every server started, kept after close
+        self._taken: dict[Preload, None] = {}  # preloads trials took (an ordered set)
+        self._start_s: dict[Preload, float] = {}  # seconds the last server of each preload took
         self._cold: set[Harness] = set()  # cold harnesses running a trial
         self._ahead: dict[Preload, Future[Harness | None]] = {}  # started ahead, not yet taken
         self._lock = threading.Lock()
         self.closed = False
 
-    def prestart(self, preload: Preload) -> None:
-        """Start a server with this preload now, in the background (once per preload)."""
+    def prestart(self, preload: Preload, guess: bool = False) -> None:
+        """Start a server with this preload now, in the background (once per preload);
+        `guess`: no trial is known to need it yet, so a failure to start is not remembered."""
         with self._lock:
             if self.closed or preload in self._broken or preload in self._ahead \
                     or preload in self._idle:
@@ -69,7 +74,7 @@ class ServerPool:
 
         def start() -> None:
             try:
-                ahead.set_result(self._start(preload))
+                ahead.set_result(self._start(preload, remember_broken=not guess))
             except BaseException as exc:  # the trial that takes it sees the error
                 ahead.set_exception(exc)
 
@@ -83,10 +88,13 @@ class ServerPool:
                 return None
             idle = self._idle.setdefault(preload, queue.SimpleQueue())
             ahead = self._ahead.pop(preload, None)
+            self._taken.setdefault(preload)
         try:
             server = idle.get_nowait()
         except queue.Empty:
-            return ahead.result() if ahead is not None else self._start(preload)
+            server = ahead.result() if ahead is not None else None
+            # None from a guess that failed: this trial's own start decides
+            return server if server is not None else self._start(preload)
         if ahead is not None:  # not needed yet: it waits with the idle ones
             ahead.add_done_callback(lambda done: self._idle_ahead(preload, done.result()))
         return server
@@ -95,13 +103,19 @@ class ServerPool:
         if server is not None:
             self.give_back(preload, server)
 
-    def _start(self, preload: Preload) -> Harness | None:
+    def _start(self, preload: Preload, remember_broken: bool = True) -> Harness | None:
         """A new server with this preload; None when it cannot start (the preload is then
-        remembered as broken) or the pool closed meanwhile."""
+        remembered as broken, unless `remember_broken` is False), is known to be broken, or
+        the pool closed meanwhile."""
+        with self._lock:
+            if self.closed or preload in self._broken:
+                return None
         began = time.monotonic()
         try:
             server = Harness(preload)
         except HarnessDied as exc:
+            if not remember_broken:
+                return None
             with self._lock:
                 self._broken.add(preload)
                 names = " ".join(step.path.name for step in preload) or "nothing preloaded"
@@ -109,9 +123,9 @@ class ServerPool:
             return None
         with self._lock:
             self._all.append(server)
-            self._started.append(preload)
+            self._start_s[preload] = took = time.monotonic() - began
             self.usage.servers += 1
-            self.usage.server_start_s += time.monotonic() - began
+            self.usage.server_start_s += took
             if self.closed:  # closed while it started: it serves nobody
                 server.close()
                 return None
@@ -125,9 +139,17 @@ class ServerPool:
 
     @property
     def preloaded(self) -> Preload:
-        """Everything some server of this pool preloaded, in first-seen order."""
+        """Everything the servers trials took had preloaded, in first-seen order."""
         with self._lock:
-            return tuple(dict.fromkeys(step for preload in self._started for step in preload))
+            return tuple(dict.fromkeys(step for preload in self._taken for step in preload))
+
+    @property
+    def taken(self) -> dict[Preload, float]:
+        """The preloads trials took a server of (broken ones left out), in first-taken order,
+        each with the seconds its last server took to start."""
+        with self._lock:
+            return {preload: self._start_s.get(preload, 0.0) for preload in self._taken
+                    if preload not in self._broken}
 
     @contextlib.contextmanager
     def cold(self, observe: bool = False) -> Iterator[Harness]:

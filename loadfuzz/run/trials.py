@@ -128,11 +128,13 @@ class Trials:
     """Runs sequences and returns their records; safe to call from several threads."""
 
     def __init__(self, limits: Limits = DEFAULT_LIMITS, tiers: Tiers = NO_TIERS, cold: bool = False,
-                 confirm: bool = True, explainer: Explainer | None = None):
+                 confirm: bool = True, explainer: Explainer | None = None,
+                 pool: ServerPool | None = None):
         """`tiers`: what each sequence needs (libpython first?) and which server it forks from.
         `confirm` False: a finding of a fork server is returned as it is (via "fork-server"),
         for a search that confirms only the findings it reports (`confirm`).
-        `explainer`: gives each finding its cause, from a cold run the loader reports on."""
+        `explainer`: gives each finding its cause, from a cold run the loader reports on.
+        `pool`: the fork servers (default: a new pool), closed with this runner."""
         self.limits = limits
         self.explainer = explainer
         self.tiers = tiers
@@ -140,7 +142,7 @@ class Trials:
         self.confirm_each = confirm
         self.catalogue: tuple[Signature, ...] = load_catalogue()
         self.disagreements: list[Disagreement] = []
-        self.pool = ServerPool()
+        self.pool = pool or ServerPool()
         torch_lib = hostenv.torch_lib_dir()
         torch_root = torch_lib.parent if torch_lib is not None else None
         self.warm = WarmPython(hostenv.libpython_path(), torch_root is not None and any(
