@@ -353,16 +353,16 @@ class Trials:
         for a torch plugin) is paid once instead of twice."""
         rows: dict[object, list[Sequence]] = {}
         for position, seq in enumerate(work):
-            key = self.row_key(seq) or position
-            if isinstance(key, Route) and key not in rows:
-                self.pool.prestart(key.preload)  # it starts while the rest is planned
-            rows.setdefault(key, []).append(seq)
+            rows.setdefault(self.row_key(seq) or position, []).append(seq)
         for key, row in list(rows.items()):
             if isinstance(key, Route) and len(key.prefix) == 1 and (
                     twin := self._python_twin(row)) in rows:
                 with self._lock:
                     self.joined.update(sequence_key(seq) for seq in row)
                 rows[twin] += rows.pop(key)
+        for key in rows:  # they start while the first batches wait for them
+            if isinstance(key, Route):
+                self.pool.prestart(key.preload)
         return [batch for key, row in rows.items()
                 for batch in ([row] if len(row) >= self.min_row(key) else [[seq] for seq in row])]
 
