@@ -8,6 +8,7 @@ register into `libcz_registry.so` only when it was loaded `global` before
 them (a sequence of three).
 """
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -140,6 +141,14 @@ def family(pid):
     return [root, *root.children(recursive=True)]
 
 
+def command_line(proc) -> str:
+    """A process's command line; "" once it has ended (a trial ends at any moment)."""
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:
+        return ""
+
+
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL],
                          ids=["ctrl-c", "sigterm", "sigkill"])
 def test_a_stopped_fuzz_campaign_keeps_whole_records_and_leaves_no_process_behind(tmp_path, how):
@@ -147,29 +156,35 @@ def test_a_stopped_fuzz_campaign_keeps_whole_records_and_leaves_no_process_behin
     campaign = subprocess.Popen([str(LOADFUZZ), "fuzz", str(CORPUS), "--budget", "5m", "--jobs",
                                  "2", "--db", str(tmp_path / "db"), "--out", str(out)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and campaign.poll() is None and not (
-            (out / "trials.jsonl").exists()
-            and (out / "trials.jsonl").read_bytes().count(b"\n") >= 100):
-        time.sleep(0.05)
-    everyone = family(campaign.pid)
-    workers = [p for p in everyone if "loadfuzz.search.workers" in " ".join(p.cmdline())]
-    assert len(workers) == 2 and len(everyone) > 3  # the workers and their fork servers
-    campaign.send_signal(how)
-    status = campaign.wait(timeout=60)
-    stderr = campaign.stderr.read()
-    assert status == (-how if how == signal.SIGKILL else 128 + how), stderr
-    if how != signal.SIGKILL:
-        assert f"stopped by {how.name}" in stderr and "Traceback" not in stderr, stderr
-        summary = json.loads((out / "summary.json").read_text())
-        assert summary["incomplete"] is True and summary["trials"] >= 100
-    lines = (out / "trials.jsonl").read_bytes().splitlines()
-    for line in lines[:-1] if how == signal.SIGKILL else lines:
-        json.loads(line)  # whole records (a SIGKILL may tear the last one)
-    deadline = time.monotonic() + 20
-    while alive(everyone) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert alive(everyone) == []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and campaign.poll() is None and not (
+                (out / "trials.jsonl").exists()
+                and (out / "trials.jsonl").read_bytes().count(b"\n") >= 100):
+            time.sleep(0.05)
+        everyone = family(campaign.pid)
+        workers = [p for p in everyone if "loadfuzz.search.workers" in command_line(p)]
+        assert len(workers) == 2 and len(everyone) > 3  # the workers and their fork servers
+        campaign.send_signal(how)
+        status = campaign.wait(timeout=60)
+        stderr = campaign.stderr.read()
+        assert status == (-how if how == signal.SIGKILL else 128 + how), stderr
+        if how != signal.SIGKILL:
+            assert f"stopped by {how.name}" in stderr and "Traceback" not in stderr, stderr
+            summary = json.loads((out / "summary.json").read_text())
+            assert summary["incomplete"] is True and summary["trials"] >= 100
+        lines = (out / "trials.jsonl").read_bytes().splitlines()
+        for line in lines[:-1] if how == signal.SIGKILL else lines:
+            json.loads(line)  # whole records (a SIGKILL may tear the last one)
+        deadline = time.monotonic() + 20
+        while alive(everyone) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert alive(everyone) == []
+    finally:  # a failed check must not leave a 5-minute campaign running
+        with contextlib.suppress(psutil.Error):
+            for proc in alive(family(campaign.pid)) if campaign.poll() is None else []:
+                proc.kill()
+        campaign.wait(timeout=30)
 
 
 def test_a_sigterm_that_lands_where_python_cannot_raise_stops_the_worker_at_its_next_trial_quietly():
