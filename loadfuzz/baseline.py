@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from loadfuzz.model import UsageError, json_key
-from loadfuzz.results import finished_summary
 
 # --fail-on: what makes the exit status 1.
 FAIL_ON = ("unexpected", "new")
@@ -79,6 +78,8 @@ class Baseline:
     @classmethod
     def read(cls, folder: Path) -> Baseline:
         """The summary.json of a finished, whole matrix or fuzz campaign; UsageError if not."""
+        from loadfuzz.results import finished_summary  # with the report writers: only when used
+
         where = f"--baseline {folder}"
         if not folder.is_dir():
             raise UsageError(f"{where}: no such folder (give the results folder of an earlier "

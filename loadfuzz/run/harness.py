@@ -31,8 +31,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 from loadfuzz import hostenv
 from loadfuzz.model import Evidence
 from loadfuzz.run import ldtrace
@@ -87,6 +85,8 @@ def trial_environment(scratch: Path) -> dict[str, str]:
 
 def kill_tree(pid: int) -> None:
     """SIGKILL a process and every descendant (the harness is their subreaper, so all are below)."""
+    import psutil  # 10 ms to import: not before a server is started
+
     try:
         root = psutil.Process(pid)
         family = [*root.children(recursive=True), root]
