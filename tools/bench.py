@@ -17,8 +17,10 @@ except where it replays the trials loadfuzz chose (fuzz, scale).
 
 Workloads, one line each, then the floor lines and a summary block:
 
-1. `matrix executorch --flags global`: both times, and whether every pair's
-   verdict is the same (clean / signal N / load-error / exit N / timeout);
+1. `matrix executorch --flags global`: both times (loadfuzz's the median of
+   MATRIX_RUNS runs, each in a results folder of its own, as a user repeating
+   the command gets them), and whether every pair's verdict is the same, in
+   every run (clean / signal N / load-error / exit N / timeout);
 2. `matrix torch --flags global`: the same, each plain trial pulling libtorch;
 3. `fuzz executorch --budget 60s --seed 1`: loadfuzz's trials/s (its summary)
    against the plain way's on a shuffled sample of the fuzz's own trials;
@@ -57,6 +59,9 @@ PLAIN_C = HERE / "plain.c"
 LOADFUZZ = Path(sys.executable).with_name("loadfuzz")
 CORES = os.cpu_count() or 1
 WORKLOADS = ("scan", "executorch", "torch", "fuzz", "scale")
+# Runs of each loadfuzz matrix (one plain run: it takes 10-20 times longer); the median is
+# reported. A run is one user's command, in a results folder of its own.
+MATRIX_RUNS = 5
 NOOP_C = "__attribute__((constructor)) static void ready(void) {}\nint noop(void) { return 0; }\n"
 
 
@@ -214,10 +219,14 @@ class Bench:
         return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self.scratch))
 
     def matrix(self, target: str, label: str) -> None:
-        out = self.folder(f"matrix-{target}")
-        lf_s, status = loadfuzz("matrix", target, "--flags", "global", "--out", str(out / "results"))
-        records = read_jsonl(out / "results" / "trials.jsonl")
-        summary = json.loads((out / "results" / "summary.json").read_text())
+        runs = []  # (seconds, exit status, records, summary), one per run, in a folder of its own
+        for _ in range(MATRIX_RUNS):
+            out = self.folder(f"matrix-{target}") / "results"
+            seconds, status = loadfuzz("matrix", target, "--flags", "global", "--out", str(out))
+            runs.append((seconds, status, read_jsonl(out / "trials.jsonl"),
+                         json.loads((out / "summary.json").read_text())))
+        lf_s, status, records, summary = sorted(runs, key=lambda run: run[0])[len(runs) // 2]
+        times = ", ".join(f"{run[0]:.2f}" for run in runs)
 
         libs = distribution_libraries(target)
         pairs = [(a, b) for a in libs for b in libs if a != b]
@@ -225,24 +234,26 @@ class Bench:
                                            python=any(map(is_extension, libs)))
         plain_of = dict(zip(pairs, verdicts, strict=True))
         locate = Locator(libs)
-        same = differ = 0
+        same = differ = missing = 0
         examples = []
-        for record in records:
-            a, b = (locate(step["lib"]) for step in record["sequence"])
-            theirs, ours = loadfuzz_verdict(record), plain_of.get((a, b))
-            if theirs == ours:
-                same += 1
-            else:
-                differ += 1
-                examples.append(f"{a.name} -> {b.name}: loadfuzz {theirs}, plain {ours}")
-        missing = len(pairs) - len(records)
+        for _, _, run_records, _ in runs:  # every run must agree with the plain way
+            for record in run_records:
+                a, b = (locate(step["lib"]) for step in record["sequence"])
+                theirs, ours = loadfuzz_verdict(record), plain_of.get((a, b))
+                if theirs == ours:
+                    same += 1
+                else:
+                    differ += 1
+                    examples.append(f"{a.name} -> {b.name}: loadfuzz {theirs}, plain {ours}")
+            missing += len(pairs) - len(run_records)
         identical = differ == 0 and missing == 0
         self.mismatches += not identical
         findings = len(summary["findings"])
         say(f"{label}: {len(records)} pairs of {len(summary['libraries'])} libraries, "
-            f"{findings} findings  loadfuzz {lf_s:.2f} s (exit {status})  plain {plain_s:.2f} s  "
-            f"plain/loadfuzz {plain_s / lf_s:.1f}x  identical={'yes' if identical else 'NO'} "
-            f"({same} same, {differ} differ, {missing} pairs only the plain way ran)")
+            f"{findings} findings  loadfuzz {lf_s:.2f} s (exit {status}; median of {times})  "
+            f"plain {plain_s:.2f} s  plain/loadfuzz {plain_s / lf_s:.1f}x  "
+            f"identical={'yes' if identical else 'NO'} ({same} same, {differ} differ, {missing} "
+            f"pairs only the plain way ran, over the {len(runs)} runs)")
         for line in examples[:5]:
             say(f"    differs: {line}")
         self.summary.append((label, f"{lf_s:.1f} s", f"{plain_s:.1f} s", f"{plain_s / lf_s:.1f}x",
