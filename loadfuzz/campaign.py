@@ -10,10 +10,14 @@ expectations and nothing else. `run_matrix` is the matrix command's whole job.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import itertools
 import shlex
+import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -129,13 +133,15 @@ class RunOnce:
     sequence that repeats, step for step, the steps of an earlier trial up to the one it
     ended at, would end there too; it is answered from memory (that trial's verdict, under
     its own sequence) and does not run. Only trials that ran are appended to the folder
-    and counted; `recalled` counts the answers from memory."""
+    and counted; `recalled` counts the answers from memory. Safe to call from several
+    threads (`in_order`)."""
 
     def __init__(self, trials: Trials, folder: ResultsFolder, watcher: Watcher):
         self.trials, self.folder, self.watcher = trials, folder, watcher
         self.runs: dict[Key, TrialRecord] = {}
         self.ended: dict[Key, TrialRecord] = {}  # the steps up to a failed one -> that trial
         self.recalled = 0
+        self._lock = threading.Lock()
 
     def knows(self, seq: Steps) -> bool:
         """Whether this sequence's record comes from memory (see `recall`)."""
@@ -172,13 +178,40 @@ class RunOnce:
             self._keep(record)
 
     def __call__(self, seq: Steps) -> TrialRecord:
-        known = self.recall(seq)
+        with self._lock:
+            known = self.recall(seq)
+            self.recalled += known is not None
         if known is not None:
-            self.recalled += 1
             return known
         record = self.trials.run(seq)
-        self._keep(record)
+        with self._lock:
+            self._keep(record)
         return record
+
+    def in_order(self, work: Iterable[Steps], jobs: int) -> Iterator[TrialRecord]:
+        """The records of `work` in its order, as `self` gives them, `jobs` trials running at
+        once (ahead of the one the caller waits for). A caller that stops at the record it
+        wants stops the rest: trials not started never start, and those running (at most
+        `jobs` - 1) finish and are kept. Any other exception closes the runner first."""
+        todo = iter(work)
+        window: collections.deque[Future[TrialRecord]] = collections.deque()
+        with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
+            try:
+                while True:  # a few ahead of the running ones, so that no core waits
+                    window.extend(pool.submit(self, seq)
+                                  for seq in itertools.islice(todo, 4 * jobs - len(window)))
+                    if not window:
+                        return
+                    yield window.popleft().result()
+            except GeneratorExit:
+                for future in window:
+                    future.cancel()
+                raise
+            except BaseException:
+                for future in window:
+                    future.cancel()
+                self.trials.close()
+                raise
 
 
 def summarize(campaign: Prepared, records: Iterable[TrialRecord], findings: Sequence[TrialRecord],

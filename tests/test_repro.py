@@ -1,11 +1,19 @@
 """`repro` turns one line of a crash log into the smallest load order that reproduces it."""
 
+import itertools
 import json
+import signal
+import subprocess
+import time
 
 import pytest
 
+from loadfuzz.campaign import Quiet, RunOnce
+from loadfuzz.model import Flags, Outcome
+from loadfuzz.run.harness import Limits
+from loadfuzz.run.trials import Trials
 from loadfuzz.search.repro import read_message
-from support import FIXTURES, LEGACY_PLUGIN, loadfuzz
+from support import FIXTURES, LEGACY_PLUGIN, LOADFUZZ, hostile, loadfuzz, step
 
 ET_LINE = ("E 00:00:01.634411 executorch:operator_registry.cpp:102] Re-registering "
            "quantized_decomposed::add.out, from NOT_SUPPORTED")
@@ -80,3 +88,68 @@ def test_a_message_and_a_log_together_is_bad_usage(tmp_path):
     done = loadfuzz("repro", "x", "executorch", "--log", log, "--out", tmp_path / "out")
     assert done.returncode == 2 and "either a MESSAGE or --log" in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_the_order_kept_is_the_first_that_reproduces_on_one_core_or_on_several(tmp_path):
+    """Orders run `--jobs` at once; what is kept is what one by one would have kept."""
+    results = {}
+    for jobs in ("1", "3"):
+        out = tmp_path / f"jobs-{jobs}"
+        done = loadfuzz("repro", "Re-registering cz::triple_op.out", FIXTURES / "corpus",
+                        "--jobs", jobs, "--out", out, "--json")
+        assert done.returncode == 0, done.stderr
+        result = json.loads(done.stdout)
+        results[jobs] = (result["tried"], [(s["lib"], s["flags"]) for s in result["record"]["sequence"]],
+                         result["record"]["outcome"], (out / "repro.sh").read_text())
+    assert results["1"] == results["3"]
+    assert results["1"][0] > 100  # many orders ran before the one that reproduces
+
+
+def test_orders_run_at_once_come_back_in_their_order():
+    """The first order takes a second (a step that spins until its time limit); the ones
+    after it end at once, but come back after it."""
+    spin = step(hostile("spin"))
+    work = [(spin,), *itertools.islice(itertools.permutations(QUICK, 2), 20)]
+    with Trials(Limits(timeout_s=1)) as trials:
+        run = RunOnce(trials, [], Quiet())  # type: ignore[arg-type]
+        records = list(run.in_order(work, jobs=3))
+    assert (records[0].sequence, records[0].outcome) == ((spin,), Outcome.TIMEOUT)
+    assert [r.sequence for r in records] == work
+
+
+def test_a_search_that_stops_at_a_record_starts_no_other_trial():
+    """Orders handed out but not started when the caller stops never run; the one running
+    then finishes and is kept."""
+    work = list(itertools.islice(itertools.permutations(QUICK, 2), 20))
+    written = []
+    with Trials(Limits(timeout_s=1)) as trials:
+        run = RunOnce(trials, written, Quiet())  # type: ignore[arg-type]
+        records = run.in_order(work, jobs=1)
+        assert next(records).sequence == work[0]
+        records.close()
+    assert [r.sequence for r in written] in (work[:1], work[:2])
+
+
+def test_a_stopped_repro_leaves_whole_records_and_a_summary_that_says_it_is_incomplete(tmp_path):
+    out = tmp_path / "out"
+    stopped = subprocess.Popen([str(LOADFUZZ), "repro", "Re-registering quantized_decomposed::add.out",
+                                "executorch", "--out", str(out)],  # 312 orders, none reproduces
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and stopped.poll() is None and not (
+            (out / "trials.jsonl").exists()
+            and (out / "trials.jsonl").read_bytes().count(b"\n") >= 5):
+        time.sleep(0.05)
+    stopped.send_signal(signal.SIGTERM)
+    assert stopped.wait(timeout=60) == 128 + signal.SIGTERM
+    stderr = stopped.stderr.read()
+    assert stderr == (f"stopped by SIGTERM: the finished trials are in {out / 'trials.jsonl'}, "
+                      f"a partial summary in {out / 'summary.json'}\n")
+    summary = json.loads((out / "summary.json").read_text())
+    lines = (out / "trials.jsonl").read_text().splitlines()
+    assert summary["incomplete"] is True and summary["reproduced"] is False
+    assert summary["tried"] <= len(lines) == len(list(map(json.loads, lines)))  # whole lines
+
+
+QUICK = [step(hostile(name), flags) for name in ("clean", "segv", "exit7", "exit0")
+         for flags in (Flags.GLOBAL, Flags.LOCAL)]

@@ -95,9 +95,11 @@ def interrupted(campaign: Prepared, stop: KeyboardInterrupt) -> int:
     signum = stop.signum if isinstance(stop, Stopped) else signal.SIGINT
     resume = campaign.resume_command()
     how = f"; continue with: {resume}" if resume else ""
+    partial = next((f", a partial {kind} in {path}" for kind, path in (
+        ("report", campaign.out / "report.md"), ("summary", campaign.out / "summary.json"))
+        if path.exists()), "")  # repro writes no report; a full disk may leave neither
     print(f"stopped by {signal.Signals(signum).name}: the finished trials are in "
-          f"{campaign.folder.trials_path}, a partial report in {campaign.out / 'report.md'}{how}",
-          file=sys.stderr)
+          f"{campaign.folder.trials_path}{partial}{how}", file=sys.stderr)
     return 128 + signum
 
 

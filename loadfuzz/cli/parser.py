@@ -175,6 +175,9 @@ def build_parser() -> Parser:
                      help="the abort line (unless --log), then the target(s)")
     sub.add_argument("--log", type=Path, metavar="FILE")
     target(sub, campaign=False, positional=False)
+    sub.add_argument("--jobs", type=positive_int, default=os.cpu_count() or 1, metavar="N",
+                     help="orders tried at once (default: the cores); the first that "
+                          "reproduces, in the order tried, is kept either way")
 
     sub = command("merge", "Merge the results folders of the shards of one campaign into one.")
     sub.add_argument("folders", nargs="+", type=Path, metavar="DIR",

@@ -9,13 +9,16 @@
    first: each alone, then ordered pairs, then pairs after one other library
    loaded `global` (a registry only reachable through the global scope),
    each under every flags mode (`local`, `global`, `python`), until a trial ends with the same signature and
-   operator (or, for an unknown line, prints it).
+   operator (or, for an unknown line, prints it). The orders run on every core
+   (`--jobs`), and the first one *in this order* that reproduces is the one
+   kept, whichever trial ended first.
 4. **Shrink** the first that does (`shrink.simplify`) and write a standalone
    `repro.sh`. When nothing reproduces, the result says what was tried.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -111,24 +114,35 @@ def reproduce(campaign: Prepared, message: Message, watcher: Watcher) -> dict[st
     candidates = candidates_of(inv, message)
     tried = 0
     found: TrialRecord | None = None
+
+    def result() -> dict[str, Any]:
+        return {"message": message.text, "signature": message.signature, "op": message.op,
+                "candidates": [lib.id for lib in candidates], "reproduced": found is not None,
+                "record": found.to_json() if found else None, "tried": tried,
+                "out": str(campaign.out)}
+
     campaign.folder.open()
     try:
         with campaign.trials(candidates or inv.libraries) as trials:
             run = RunOnce(trials, campaign.folder, watcher)
-            for seq in itertools.islice(orders(inv, candidates), MOST_TRIALS) if candidates else ():
-                tried += 1
-                record = run(seq)
-                if message.matches(record):
-                    found = simplify(record, run, step_options(inv.libraries, MODES))
-                    break
+            work = itertools.islice(orders(inv, candidates), MOST_TRIALS) if candidates else ()
+            first = None
+            with contextlib.closing(run.in_order(work, campaign.settings.run.jobs)) as records:
+                for record in records:
+                    tried += 1
+                    if message.matches(record):
+                        first = record  # the first that reproduces in this order, as if one by one
+                        break
+            if first is not None:
+                found = simplify(first, run, step_options(inv.libraries, MODES))
+    except KeyboardInterrupt:  # stopped: what was tried so far, marked incomplete
+        with contextlib.suppress(OSError):
+            report.write_summary_json(campaign.out, {**result(), "incomplete": True})
+        raise
     finally:
         watcher.close()
         campaign.folder.close()
-    result = {"message": message.text, "signature": message.signature, "op": message.op,
-              "candidates": [lib.id for lib in candidates], "reproduced": found is not None,
-              "record": found.to_json() if found else None, "tried": tried,
-              "out": str(campaign.out)}
-    report.write_summary_json(campaign.out, result)
+    report.write_summary_json(campaign.out, result())
     if found is not None:
         report.write_repro_script(campaign.out, found.to_json())
-    return result
+    return result()
