@@ -47,9 +47,10 @@ def loadfuzz_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "loadfuzz"]
 
 
-def repro_command(seq: Sequence, limits: Limits) -> str:
-    """One shell command that reruns exactly this trial, cold."""
-    words = [*loadfuzz_command(), "run", "--cold", "--timeout", f"{limits.timeout_s:g}"]
+def repro_command(seq: Sequence, limits: Limits, loadfuzz: Sequence[str] = ()) -> str:
+    """One shell command that reruns exactly this trial, cold (`loadfuzz`: how to call
+    loadfuzz, when the caller knows it already; else `loadfuzz_command()`)."""
+    words = [*(loadfuzz or loadfuzz_command()), "run", "--cold", "--timeout", f"{limits.timeout_s:g}"]
     if limits.mem_mb != DEFAULT_LIMITS.mem_mb:
         words += ["--mem", str(limits.mem_mb)]
     if limits.at_exit:
@@ -88,7 +89,7 @@ def harness_steps(seq: Sequence, tiers: Tiers, python: bool = False,
 
 
 def make_record(seq: Sequence, verdict: Verdict, duration_s: float, peak_rss_mb: float,
-                limits: Limits, via: str) -> TrialRecord:
+                limits: Limits, via: str, loadfuzz: Sequence[str] = ()) -> TrialRecord:
     return TrialRecord(
         sequence=seq,
         outcome=verdict.outcome,
@@ -100,7 +101,7 @@ def make_record(seq: Sequence, verdict: Verdict, duration_s: float, peak_rss_mb:
         detail=verdict.detail,
         duration_s=duration_s,
         peak_rss_mb=peak_rss_mb,
-        repro=repro_command(seq, limits),
+        repro=repro_command(seq, limits, loadfuzz),
         via=via,
     )
 
@@ -141,6 +142,7 @@ class Trials:
         self.cold = cold
         self.confirm_each = confirm
         self.catalogue: tuple[Signature, ...] = load_catalogue()
+        self.loadfuzz = loadfuzz_command()  # for every record's repro command (a stat: once)
         self.disagreements: list[Disagreement] = []
         self.pool = pool or ServerPool()
         torch_lib = hostenv.torch_lib_dir()
@@ -190,7 +192,7 @@ class Trials:
                     trace = harness.trace(*self.explainer.watch(observe))
         verdict = classify(evidence, self.catalogue)
         record = make_record(seq, verdict, evidence.duration_s, evidence.peak_rss_mb,
-                             self.limits, via)
+                             self.limits, via, self.loadfuzz)
         if observe is not None and self.explainer is not None and not record.clean:
             record = self.explainer.explain(record, trace)
         return record
