@@ -10,20 +10,24 @@ them (a sequence of three).
 
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
+import hypothesis
 import psutil
 import pytest
 
 from loadfuzz.campaign import Quiet, RunOnce
-from loadfuzz.model import Flags, Outcome, Role, Step, StepKind, TrialRecord
+from loadfuzz.model import Flags, Outcome, Role, Step, StepKind, Stopped, TrialRecord
 from loadfuzz.plan import step_options
 from loadfuzz.run.harness import Limits
 from loadfuzz.run.trials import Trials
 from loadfuzz.search.shrink import simplify
+from loadfuzz.search.workers import Outbox
 from support import FIXTURES, LOADFUZZ, alive, loadfuzz
 
 CORPUS = FIXTURES / "corpus"
@@ -192,6 +196,7 @@ def test_a_sigterm_that_lands_where_python_cannot_raise_stops_the_worker_at_its_
     SystemExit that Python drops. The worker prints nothing of it and stops at its next trial."""
     program = """
 import os, signal, sys
+from loadfuzz.model import Stopped
 from loadfuzz.search.workers import Outbox, stop_on_sigterm
 stopping = stop_on_sigterm()
 class Dropped:
@@ -201,12 +206,37 @@ class Dropped:
             pass
 Dropped()
 print("went on", stopping.is_set(), flush=True)
-Outbox(1, os.getppid(), stopping).append(None)
-print("not reached")
+try:
+    Outbox(1, os.getppid(), stopping).append(None)
+    print("not reached")
+except Stopped:
+    sys.exit(0)
 """
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
                           timeout=60)
     assert (done.returncode, done.stdout, done.stderr) == (0, "went on True\n", "")
+
+
+def test_a_worker_stopped_inside_a_hypothesis_example_stops_without_a_failure_to_report():
+    """A stopped worker's next trial raises Stopped, inside Hypothesis's test function:
+    Hypothesis must let it through at once, not take it for a failure of the example,
+    replay it and report an exception group (as it does with SystemExit)."""
+    stopping = threading.Event()
+    outbox = Outbox(-1, os.getppid(), stopping)
+    examples = []
+
+    @hypothesis.settings(max_examples=50, database=None, deadline=None)
+    @hypothesis.given(hypothesis.strategies.integers())
+    def explore(number):
+        examples.append(number)
+        if len(examples) == 3:
+            stopping.set()  # as the SIGTERM handler does
+        if stopping.is_set():
+            outbox.append(None)
+
+    with pytest.raises(Stopped):
+        explore()
+    assert len(examples) == 3  # no replay, no shrinking
 
 
 def test_a_sequence_that_repeats_an_earlier_trial_up_to_its_failed_step_is_answered_without_running():

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from loadfuzz.campaign import Quiet, RunOnce
 from loadfuzz.inventory import Inventory, Library
 from loadfuzz.merge import added
-from loadfuzz.model import Step, TrialRecord
+from loadfuzz.model import Step, Stopped, TrialRecord
 from loadfuzz.search.rounds import Search
 from loadfuzz.search.shrink import Identity
 from loadfuzz.settings import RunSettings
@@ -300,8 +300,10 @@ class Outbox:
         send(self.fd, kind, payload)
 
     def append(self, record: TrialRecord) -> None:
+        """Send a record; Stopped when the campaign's process is gone or stopped this worker
+        (so is the search)."""
         if os.getppid() != self.parent or self.stopping.is_set():
-            raise SystemExit(0)  # the campaign's process is gone or stopped us: so is the search
+            raise Stopped(signal.SIGTERM)
         self.send("trial", record)
 
 
@@ -340,21 +342,23 @@ def work(assignment: Assignment, inbox: Inbox, outbox: Outbox, news: list[tuple]
 def stop_on_sigterm() -> threading.Event:
     """Make SIGTERM end this worker by unwinding (its fork servers close on the way out).
 
-    The handler raises SystemExit wherever the main thread happens to be. Where
-    Python cannot raise (a gc callback, such as Hypothesis's, a `__del__`, a
-    weakref callback), the exception is dropped as "unraisable": that is not
-    printed, and the returned event, set by the handler, stops the worker at
-    its next trial (`Outbox.append`)."""
+    The handler raises Stopped wherever the main thread happens to be: a
+    KeyboardInterrupt, which Hypothesis lets through at once (a SystemExit it
+    would take for a failure of the test, replay and report). Where Python
+    cannot raise (a gc callback, such as Hypothesis's, a `__del__`, a weakref
+    callback), the exception is dropped as "unraisable": that is not printed,
+    and the returned event, set by the handler, stops the worker at its next
+    trial (`Outbox.append`). `main` ends quietly on Stopped."""
     stopping = threading.Event()
 
-    def handler(*_: object) -> None:
+    def handler(signum: int, _frame: object) -> None:
         stopping.set()
-        raise SystemExit(0)
+        raise Stopped(signum)
 
     default = sys.unraisablehook
 
     def unraisable(report: Any) -> None:
-        if not (stopping.is_set() and isinstance(report.exc_value, SystemExit)):
+        if not (stopping.is_set() and isinstance(report.exc_value, Stopped)):
             default(report)
 
     sys.unraisablehook = unraisable
@@ -366,6 +370,15 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     stopping = stop_on_sigterm()
+    try:
+        serve(stopping)
+    except Stopped:
+        raise SystemExit(0) from None  # stopped: the campaign's process says so, not this one
+
+
+def serve(stopping: threading.Event) -> None:
+    """Read the assignment, then search until the budget's end; a failure goes to the
+    campaign's process as an "error" message."""
     inbox = Inbox(sys.stdin.fileno())
     messages: list[tuple] = []
     while not messages:
