@@ -96,9 +96,13 @@ def test_garbage_in_the_example_database_is_one_warning_and_the_campaign_goes_on
     assert again.returncode == 1, again.stderr
     warnings = [line for line in again.stderr.splitlines() if "warning" in line]
     assert len(warnings) == 1 and "unreadable" in warnings[0], again.stderr
+    # What was kept is replayed: each kept sequence runs again (its shrinking may go further
+    # now: a finding of the first campaign's last moments was simplified only so far).
     kept = [f["sequence"] for f in json.loads(first.stdout)["found"]]
-    replayed = [f["sequence"] for f in json.loads(again.stdout)["found"] if f["phase"] == "replay"]
-    assert kept and sorted(map(str, kept)) == sorted(map(str, replayed))  # what was kept is replayed
+    ran = {json.dumps(json.loads(line)["sequence"], sort_keys=True)
+           for line in (tmp_path / "again" / "trials.jsonl").read_text().splitlines()}
+    assert kept and all(json.dumps(seq, sort_keys=True) in ran for seq in kept)
+    assert any(f["phase"] == "replay" for f in json.loads(again.stdout)["found"])
 
 
 def test_two_campaigns_started_at_once_on_one_folder_refuse_the_second(tmp_path):
