@@ -64,6 +64,10 @@ def test_a_guess_belongs_to_the_command_and_the_words_that_route_its_trials(tmp_
     assert ahead.guess("matrix", both_flags, cache) == []
     assert ahead.guess("matrix", resumed, cache) == []  # what is left is not the last run's
     assert ahead.guess("matrix", cold, cache) == []
+    whole = ahead.guess("matrix", SETTINGS, cache)
+    for partial in (resumed, cold):  # neither keeps what it took over the whole run's guess
+        ahead.remember("matrix", partial, took([(HarnessStep("g", hostile("clean")),)]), cache)
+    assert ahead.guess("matrix", SETTINGS, cache) == whole != []
 
 
 def test_the_slowest_server_to_start_is_guessed_first(tmp_path):

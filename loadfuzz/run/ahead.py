@@ -5,8 +5,8 @@ its work is routed (`Tiers`, `Trials.batches`), and a heavy one (libpython
 and the libtorch closure) then takes a few hundred milliseconds to start. So
 each campaign command remembers the preloads its trials took, in the derived
 cache (`derived.DerivedCache`), under the words that decide them: the command,
-the targets, `--add`, `--select`, `--exclude`, `--env`, `--flags`, `--shard`
-and `--cold`. The next run of the same command starts those servers first
+the targets, `--add`, `--select`, `--exclude`, `--env`, `--flags` and
+`--shard`. The next run of the same command starts those servers first
 (the slowest first), on a guess, while it reads the inventory.
 
 A guess decides nothing: a trial still asks the pool for the preload its
@@ -14,8 +14,9 @@ route names, and a server started on a guess serves only trials that ask for
 exactly its preload. A wrong guess costs the CPU of a server nobody takes
 (closed with the pool); a guess that cannot start is forgotten
 (`ServerPool.prestart(guess=True)`). The guess is kept only while every
-preloaded file is unchanged (the derived cache's witnesses), and not at all
-for `--resume`, whose remaining work is not the last run's.
+preloaded file is unchanged (the derived cache's witnesses). Neither kept
+nor used for `--resume` (what is left is not a whole run's work) or `--cold`
+(no servers).
 """
 
 from __future__ import annotations
@@ -37,14 +38,19 @@ def words(command: str, settings: CampaignSettings) -> tuple:
     target = settings.target
     return (command, target.targets, tuple(map(str, target.add)), target.select, target.exclude,
             target.env, tuple(flags.value for flags in settings.flags),
-            (settings.shard.index, settings.shard.count), settings.run.cold)
+            (settings.shard.index, settings.shard.count))
+
+
+def guessing(settings: CampaignSettings) -> bool:
+    """Whether servers are guessed for (and remembered from) a campaign so asked for."""
+    return not (settings.resume or settings.run.cold)
 
 
 def guess(command: str, settings: CampaignSettings, cache: DerivedCache | None = None,
           ) -> list[Preload]:
     """The preloads the last run of this command took, the slowest to start first, while
-    every preloaded file is unchanged; none for `--resume` and `--cold`."""
-    if settings.resume or settings.run.cold:
+    every preloaded file is unchanged; none when not `guessing`."""
+    if not guessing(settings):
         return []
     cache = cache or DerivedCache.default()
     return preloads_from_plain(cache.get(cache.key("servers", words(command, settings))))
@@ -61,7 +67,10 @@ def start(command: str, settings: CampaignSettings, cache: DerivedCache | None =
 
 def remember(command: str, settings: CampaignSettings, pool: ServerPool,
              cache: DerivedCache | None = None) -> None:
-    """Keep the preloads this campaign's trials took, the slowest to start first."""
+    """Keep the preloads this campaign's trials took, the slowest to start first (nothing
+    when not `guessing`)."""
+    if not guessing(settings):
+        return
     cache = cache or DerivedCache.default()
     taken = sorted(pool.taken.items(), key=lambda item: -item[1])
     consulted = Consulted()
