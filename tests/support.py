@@ -74,6 +74,17 @@ def alive(processes):
     return running
 
 
+def children_now() -> set[int]:
+    """The pids of every process below this one, now."""
+    return {proc.pid for proc in psutil.Process().children(recursive=True)}
+
+
+def alive_children(before: set[int]):
+    """The processes below this one still running that were not there `before`."""
+    return alive(proc for proc in psutil.Process().children(recursive=True)
+                 if proc.pid not in before)
+
+
 def loadfuzz(*args: str, cwd: Path | None = None, timeout: float = 600,
              env: dict[str, str] | None = None):
     """Run the CLI as a user would; returns the CompletedProcess (text)."""

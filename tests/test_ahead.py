@@ -7,15 +7,13 @@ import tempfile
 import threading
 import time
 
-import psutil
-
 from loadfuzz.derived import DerivedCache
 from loadfuzz.model import Flags
 from loadfuzz.run import ahead
 from loadfuzz.run.harness import HarnessStep
 from loadfuzz.run.pool import ServerPool
 from loadfuzz.settings import CampaignSettings, RunSettings, TargetSpec
-from support import FIXTURES, SITE, hostile, loadfuzz
+from support import FIXTURES, SITE, alive_children, children_now, hostile, loadfuzz
 
 CORPUS = FIXTURES / "corpus"
 SETTINGS = CampaignSettings(TargetSpec((str(CORPUS),)), flags=(Flags.GLOBAL,))
@@ -105,7 +103,7 @@ def test_a_wrong_guess_is_closed_with_the_pool_and_never_named_as_a_preload(tmp_
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
-    children_before = {p.pid for p in psutil.Process().children(recursive=True)}
+    children_before = children_now()
     used, unused = (HarnessStep("l", hostile("clean")),), (HarnessStep("g", hostile("clean")),)
     pool = ServerPool()
     pool.prestart(unused, guess=True)
@@ -114,8 +112,7 @@ def test_a_wrong_guess_is_closed_with_the_pool_and_never_named_as_a_preload(tmp_
     started_ahead_threads_end()
     assert pool.preloaded == used and list(pool.taken) == [used]
     assert list(scratch.iterdir()) == []
-    assert [p for p in psutil.Process().children(recursive=True)
-            if p.pid not in children_before and p.status() != psutil.STATUS_ZOMBIE] == []
+    assert alive_children(children_before) == []
 
 
 def run_matrix(tmp_path, out, *extra):
@@ -140,12 +137,11 @@ def test_a_matrix_run_on_its_guess_finds_and_reports_what_the_first_run_did(tmp_
 
 def test_bad_input_after_the_guessed_servers_started_leaves_nothing_behind(tmp_path):
     assert run_matrix(tmp_path, "first").returncode == 1
-    children_before = {p.pid for p in psutil.Process().children(recursive=True)}
+    children_before = children_now()
     bad = tmp_path / "expectations.toml"
     bad.write_text("[[expected]\n")  # read while the guessed servers start
     done = run_matrix(tmp_path, "again", "--expect", bad)
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "again").exists()
     assert list((tmp_path / "tmp").iterdir()) == []
-    assert [p for p in psutil.Process().children(recursive=True)
-            if p.pid not in children_before] == []
+    assert alive_children(children_before) == []

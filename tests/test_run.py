@@ -35,6 +35,8 @@ from support import (
     PATHS,
     QUANTIZED,
     Lib,
+    alive_children,
+    children_now,
     hostile,
     processes_holding,
     step,
@@ -314,7 +316,7 @@ def test_a_server_that_cannot_start_leaves_no_process_and_no_scratch_folder(
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     path = tmp_path / preload if preload.endswith(".so") else hostile(preload)
-    children_before = {p.pid for p in psutil.Process().children(recursive=True)}
+    children_before = children_now()
     with pytest.raises(HarnessDied, match=why):
         Harness((HarnessStep("l", path),))
     assert list(scratch.iterdir()) == []
@@ -327,7 +329,7 @@ def test_a_server_started_ahead_for_trials_that_never_came_is_closed_with_its_po
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
-    children_before = {p.pid for p in psutil.Process().children(recursive=True)}
+    children_before = children_now()
     pool = ServerPool()
     pool.prestart((HarnessStep("l", CLEAN),))
     deadline = time.monotonic() + 30
@@ -339,17 +341,6 @@ def test_a_server_started_ahead_for_trials_that_never_came_is_closed_with_its_po
             thread.join(timeout=30)
     assert list(scratch.iterdir()) == []
     assert alive_children(children_before) == []
-
-
-def alive_children(before):
-    found = []
-    for proc in psutil.Process().children(recursive=True):
-        try:
-            if proc.pid not in before and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except psutil.NoSuchProcess:
-            continue
-    return found
 
 
 def test_trials_whose_fork_server_cannot_start_run_cold_and_the_summary_says_why(tmp_path):
