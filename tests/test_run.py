@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from loadfuzz import inventory
+from loadfuzz import hostenv, inventory
 from loadfuzz.model import Flags, Outcome, StepKind
 from loadfuzz.plan import pairs
 from loadfuzz.run.harness import Harness, HarnessDied, HarnessStep, Limits, run_cold
@@ -198,6 +198,33 @@ def test_what_the_shared_first_step_printed_opens_the_output_of_each_trial_as_co
         assert (evidence.output, evidence.output_bytes, evidence.done) == (
             cold.output, cold.output_bytes, 2)
     assert b"fx_flood: done" in cold.output and cold.output_bytes > 100 * 2**20
+
+
+def test_a_server_runs_the_next_trial_of_a_series_while_the_caller_reads_the_last(tmp_path):
+    libpython = hostenv.libpython_path()
+    mark = tmp_path / "the second trial ran"
+    touch = [HarnessStep("g", libpython), HarnessStep("y", libpython, f"open({str(mark)!r}, 'w')")]
+    with Harness() as server:
+        results = server.run_each([([HarnessStep("g", CLEAN)], 0), (touch, 1)], LIMITS)
+        first = next(results)
+        deadline = time.monotonic() + 30
+        while not mark.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert mark.exists(), "the second trial waited for its result to be asked for"
+        second = next(results)
+    assert (first.steps, first.done, second.steps, second.done) == (1, 1, 1, 1)
+
+
+def test_a_row_left_with_a_trial_sent_closes_its_server_so_no_later_trial_reads_that_result():
+    row = [(step(CLEAN), step(hostile(name))) for name in ("segv", "exit7", "clean", "exit0")]
+    with Trials(LIMITS) as runner:
+        records = runner.run_row(row)
+        first = next(records)
+        records.close()  # exit7 was sent already; a stopped campaign leaves its row like this
+        again = runner.run((step(CLEAN), step(CLEAN)))
+    assert (first.outcome, first.step) == (Outcome.CRASH, 1)
+    assert (again.outcome, again.via, runner.disagreements) == (Outcome.CLEAN, "fork-server", [])
+    assert runner.usage.servers == 2
 
 
 def test_a_matrix_row_is_one_batch_and_a_cold_runner_shares_nothing():

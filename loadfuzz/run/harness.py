@@ -17,17 +17,17 @@ from the first, and what the prefix printed comes first in its output.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import select
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 import typing
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,10 +36,12 @@ from loadfuzz.model import Evidence
 from loadfuzz.run import ldtrace
 from loadfuzz.run.build import harness_binary
 from loadfuzz.run.ldtrace import LoaderTrace
+from loadfuzz.run.processes import end_group, kill_tree, unforkable
 
 PROTOCOL_VERSION = 4  # harness_c/harness.c's PROTOCOL_VERSION: the greeting must say it
 STARTUP_TIMEOUT_S = 120.0  # preloading libtorch on a cold disk can take a while
 MARGIN_S = 30.0  # on top of the step limits, before the server itself is presumed stuck
+AHEAD = 1  # trials sent to a server before the result of the first is read (see run_each)
 
 
 @dataclass(frozen=True)
@@ -83,21 +85,6 @@ def trial_environment(scratch: Path) -> dict[str, str]:
     return env
 
 
-def kill_tree(pid: int) -> None:
-    """SIGKILL a process and every descendant (the harness is their subreaper, so all are below)."""
-    import psutil  # 10 ms to import: not before a server is started
-
-    try:
-        root = psutil.Process(pid)
-        family = [*root.children(recursive=True), root]
-    except psutil.NoSuchProcess:
-        return
-    for proc in family:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.send_signal(signal.SIGKILL)
-    psutil.wait_procs(family, timeout=5)
-
-
 def read_bounded(stream: typing.BinaryIO, head: int = 16 << 10, tail: int = 48 << 10) -> bytes:
     """What a file holds, its middle left out past head + tail bytes, as the harness keeps output."""
     size = stream.seek(0, os.SEEK_END)
@@ -107,44 +94,6 @@ def read_bounded(stream: typing.BinaryIO, head: int = 16 << 10, tail: int = 48 <
     first = stream.read(head)
     stream.seek(size - tail)
     return first + b"\n[... %d bytes not kept ...]\n" % (size - head - tail) + stream.read()
-
-
-def unforkable(pid: int, scratch: Path, pipes: dict[int, int]) -> str:
-    """Why a server that preloaded libraries would not fork into copies of itself, or "".
-
-    The checks a row server makes on itself after its prefix (docs/protocol.md),
-    made from outside through /proc: one thread, no child, no POSIX timer, no
-    pending signal, its working folder unchanged and empty, and its pipes (their
-    numbers there -> our ends here) still ours. Interval timers are not visible
-    from outside; a SIGALRM would end the server, which is seen."""
-    proc = Path(f"/proc/{pid}")
-    status = dict(line.split(":", 1) for line in (proc / "status").read_text().splitlines()
-                  if ":" in line)
-    if int(status["Threads"]) != 1:
-        return "runs more than one thread"
-    if (proc / "task" / str(pid) / "children").read_text().strip():
-        return "has a child process"
-    with contextlib.suppress(OSError):
-        if (proc / "timers").read_text().strip():
-            return "armed a timer"
-    if int(status["SigPnd"], 16) or int(status["ShdPnd"], 16):
-        return "has a signal pending"
-    if Path(os.readlink(proc / "cwd")) != scratch.resolve() or any(scratch.iterdir()):
-        return "changed its working folder"
-    for theirs, ours in pipes.items():
-        if os.readlink(proc / "fd" / str(theirs)) != f"pipe:[{os.fstat(ours).st_ino}]":
-            return "touched its pipes"
-    return ""
-
-
-def end_group(pgid: int, wait_s: float = 5.0) -> None:
-    """SIGKILL a process group and wait until it is gone (init reaps the orphans)."""
-    deadline = time.monotonic() + wait_s
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-        while time.monotonic() < deadline:
-            os.killpg(pgid, 0)  # ProcessLookupError once no member is left
-            time.sleep(0.01)
 
 
 class HarnessDied(RuntimeError):
@@ -169,6 +118,7 @@ class Harness:
         binary = harness_binary()  # first: a harness that cannot be built leaves nothing behind
         self.scratch = Path(tempfile.mkdtemp(prefix="loadfuzz-"))
         self._count = 0
+        self._sent = 0  # the trial folder the last trial sent used
         self.shared: SharedPrefix | None = None
         self.unshared = ""  # why the last prefix could not be shared
         self.preface = SharedPrefix((), b"", 0)  # what a Python preload printed
@@ -279,11 +229,11 @@ class Harness:
             message += [b"%s %d\n" % (step.mode.encode(), len(raw)), raw]
         os.write(self._ctl, b"".join(message))
 
-    def _trial_folder(self) -> Path:
-        """The next trial's working folder, empty: one folder, trial after trial, while the
+    def _trial_folder(self, name: str) -> Path:
+        """A trial's working folder, empty: the folder `name`, trial after trial, while the
         trials leave it empty (a mkdir and an rmdir per trial cost 0.15 ms on ext4, a sixth
         of a light trial), else a fresh one."""
-        folder = self.scratch / "trial"
+        folder = self.scratch / name
         try:
             with os.scandir(folder) as entries:
                 if next(entries, None) is None:
@@ -294,7 +244,7 @@ class Harness:
         except OSError:
             pass  # a trial took its permissions away
         shutil.rmtree(folder, ignore_errors=True)  # what the last trial left
-        return self._trial_folder() if not folder.exists() else self._workdir("trial")
+        return self._trial_folder(name) if not folder.exists() else self._workdir("trial")
 
     def _workdir(self, kind: str) -> Path:
         self._count += 1
@@ -356,12 +306,47 @@ class Harness:
 
     def run(self, steps: Sequence[HarnessStep], limits: Limits, prelude: int = 0) -> Evidence:
         """Run one trial. The first `prelude` steps are prerequisites, not counted as steps."""
+        return next(self.run_each([(steps, prelude)], limits))
+
+    def run_each(self, trials: Iterable[tuple[Sequence[HarnessStep], int]], limits: Limits,
+                 ) -> Iterator[Evidence]:
+        """Run trials one after the other (each: its steps, and how many of them are
+        prerequisites) and yield their evidence in order. The next trial is sent before a
+        result is read, so the server starts it as soon as the last one ends, while the caller
+        still reads that one. Left with a trial sent and not read, the server is closed: its
+        result would answer the next question asked."""
+        sent: collections.deque[tuple[Sequence[HarnessStep], int, SharedPrefix]] = (
+            collections.deque())
+        todo = iter(trials)
+        try:
+            while True:
+                while len(sent) <= AHEAD and (trial := next(todo, None)) is not None:
+                    sent.append((*trial, self._send_trial(trial[0], limits)))
+                if not sent:
+                    return
+                yield self._result(*sent.popleft(), limits)
+        finally:
+            if sent:
+                self.close()
+
+    def _send_trial(self, steps: Sequence[HarnessStep], limits: Limits) -> SharedPrefix:
+        """Send one trial (in the next of AHEAD + 1 trial folders); what it shares (its row)."""
         shared = self.shared or SharedPrefix((), b"", 0)
         skip = len(shared.steps)
         assert tuple(steps[:skip]) == shared.steps, "a trial of a row begins with its prefix"
-        workdir = self._trial_folder()
+        self._sent = (self._sent + 1) % (AHEAD + 1)
         try:
-            self._send(b"TRIAL", steps[skip:], limits, workdir)
+            self._send(b"TRIAL", steps[skip:], limits, self._trial_folder(f"trial{self._sent}"))
+        except OSError:
+            self.close()
+            raise
+        return shared
+
+    def _result(self, steps: Sequence[HarnessStep], prelude: int, shared: SharedPrefix,
+                limits: Limits) -> Evidence:
+        """Read the result of the trial sent first and not read yet (the one before it ended:
+        its time counts from now)."""
+        try:
             deadline = time.monotonic() + len(steps) * limits.timeout_s + MARGIN_S
             fields = self._read_line(deadline).split()
             if not fields or fields[0] != b"RESULT":
@@ -373,6 +358,7 @@ class Harness:
         except (OSError, HarnessDied):
             self.close()
             raise
+        skip = len(shared.steps)
         started, done = started + skip, done + skip
         return Evidence(
             steps=len(steps) - prelude,

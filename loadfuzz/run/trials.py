@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from loadfuzz import hostenv
 from loadfuzz.classify import Signature, classify, load_catalogue
-from loadfuzz.model import Flags, Key, Sequence, Step, StepKind, TrialRecord, Verdict, sequence_key
+from loadfuzz.model import Evidence, Flags, Key, Sequence, Step, StepKind, TrialRecord, Verdict, sequence_key
 from loadfuzz.run import pycode
 from loadfuzz.run.harness import Harness, HarnessDied, HarnessStep, Limits
 from loadfuzz.run.ldtrace import LoaderTrace
@@ -179,9 +179,7 @@ class Trials:
                 observe: TrialRecord | None = None) -> TrialRecord:
         """One trial: from `server`, else in a fresh harness; `observe` (how an earlier run of it
         ended): the loader reports on the run, and a finding gets its cause from that report."""
-        if self.closed:
-            raise RuntimeError("the runner is closed: no more trials start")
-        steps, prelude = harness_steps(seq, self.tiers, server is not None and self.joins(seq))
+        steps, prelude = self._steps(seq, server is not None)
         trace: LoaderTrace | None = None
         if server is not None:
             evidence = server.run(steps, self.limits, prelude)
@@ -190,12 +188,21 @@ class Trials:
                 evidence = harness.run(steps, self.limits, prelude)
                 if observe is not None and self.explainer is not None:
                     trace = harness.trace(*self.explainer.watch(observe))
-        verdict = classify(evidence, self.catalogue)
-        record = make_record(seq, verdict, evidence.duration_s, evidence.peak_rss_mb,
-                             self.limits, via, self.loadfuzz)
+        record = self._verdict(seq, evidence, via)
         if observe is not None and self.explainer is not None and not record.clean:
             record = self.explainer.explain(record, trace)
         return record
+
+    def _steps(self, seq: Sequence, forked: bool) -> tuple[list[HarnessStep], int]:
+        """A trial's harness steps and prerequisites (`forked`: from a server, where it may
+        join a row with libpython first); refused once the runner is closed."""
+        if self.closed:
+            raise RuntimeError("the runner is closed: no more trials start")
+        return harness_steps(seq, self.tiers, forked and self.joins(seq))
+
+    def _verdict(self, seq: Sequence, evidence: Evidence, via: str) -> TrialRecord:
+        return make_record(seq, classify(evidence, self.catalogue), evidence.duration_s,
+                           evidence.peak_rss_mb, self.limits, via, self.loadfuzz)
 
     def run_cold(self, seq: Sequence) -> TrialRecord:
         """One trial in a fresh process; a finding is explained by a second run that the loader
@@ -320,11 +327,17 @@ class Trials:
             except HarnessDied:  # the server could not start the row
                 shared = False
             self._count_row(shared, server.unshared, time.monotonic() - began)
-            while shared and left:
-                fast = self._fast(left[0], "shared prefix", server)
-                if fast is None:  # the server died: the rest go the usual way
-                    break
-                record = self._confirm(fast)
+            if not shared:
+                return
+            row = list(left)
+            results = stack.enter_context(contextlib.closing(server.run_each(
+                (self._steps(seq, True) for seq in row), self.limits)))
+            for seq in row:
+                try:
+                    evidence = next(results)
+                except HarnessDied:  # the server died: the rest go the usual way
+                    return
+                record = self._confirm(self._verdict(seq, evidence, "shared prefix"))
                 left.pop(0)
                 yield record
 
