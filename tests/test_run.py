@@ -234,6 +234,8 @@ def test_a_matrix_row_is_one_batch_and_a_cold_runner_shares_nothing():
     with Trials(LIMITS) as fast, Trials(LIMITS, cold=True) as cold:
         assert [len(batch) for batch in fast.batches(work)] == [4] * 10
         assert [seq for batch in fast.batches(work) for seq in batch] == work
+        assert all(batch.route == fast.row_key(seq) for batch in fast.batches(work)
+                   for seq in batch), "a row carries its key: running it routes nothing again"
         assert [len(batch) for batch in cold.batches(work)] == [1] * 40
 
 

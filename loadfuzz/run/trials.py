@@ -91,19 +91,10 @@ def harness_steps(seq: Sequence, tiers: Tiers, python: bool = False,
 def make_record(seq: Sequence, verdict: Verdict, duration_s: float, peak_rss_mb: float,
                 limits: Limits, via: str, loadfuzz: Sequence[str] = ()) -> TrialRecord:
     return TrialRecord(
-        sequence=seq,
-        outcome=verdict.outcome,
-        step=verdict.step,
-        signature=verdict.signature,
-        op=verdict.op,
-        signal=verdict.signal,
-        exit_code=verdict.exit_code,
-        detail=verdict.detail,
-        duration_s=duration_s,
-        peak_rss_mb=peak_rss_mb,
-        repro=repro_command(seq, limits, loadfuzz),
-        via=via,
-    )
+        sequence=seq, outcome=verdict.outcome, step=verdict.step, signature=verdict.signature,
+        op=verdict.op, signal=verdict.signal, exit_code=verdict.exit_code, detail=verdict.detail,
+        duration_s=duration_s, peak_rss_mb=peak_rss_mb, repro=repro_command(seq, limits, loadfuzz),
+        via=via)
 
 
 def same_verdict(a: TrialRecord, b: TrialRecord) -> bool:
@@ -123,6 +114,23 @@ DEFAULT_LIMITS = Limits()
 # A row server costs about one trial (a fork, the first step, the END); below
 # this many trials a row does not win that back.
 MIN_ROW = 4
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Sequences run together (see `Trials.batches`): a row, with its row key, or one sequence."""
+
+    sequences: tuple[Sequence, ...]
+    route: Route | None = None  # the row key (see `Trials.row_key`), None for a single sequence
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    def __iter__(self) -> Iterator[Sequence]:
+        return iter(self.sequences)
+
+    def __getitem__(self, index: int) -> Sequence:
+        return self.sequences[index]
 
 
 class Trials:
@@ -201,8 +209,9 @@ class Trials:
         return harness_steps(seq, self.tiers, forked and self.joins(seq))
 
     def _verdict(self, seq: Sequence, evidence: Evidence, via: str) -> TrialRecord:
-        return make_record(seq, classify(evidence, self.catalogue), evidence.duration_s,
-                           evidence.peak_rss_mb, self.limits, via, self.loadfuzz)
+        verdict = classify(evidence, self.catalogue)
+        return make_record(seq, verdict, evidence.duration_s, evidence.peak_rss_mb, self.limits,
+                           via, self.loadfuzz)
 
     def run_cold(self, seq: Sequence) -> TrialRecord:
         """One trial in a fresh process; a finding is explained by a second run that the loader
@@ -300,11 +309,15 @@ class Trials:
         return self.route_of(seq)
 
     def run_row(self, row: Sequence[Sequence]) -> Iterator[TrialRecord]:
-        """The records of sequences of one row key, in order, each forked from a row
+        """The records of sequences of one row key (checked), in order, each forked from a row
         server that took their first step once. A prefix that cannot be shared (see
         `Harness.sharing`) or a server that dies sends the rest the usual way."""
         route = self.row_key(row[0])
         assert route is not None and all(self.row_key(seq) == route for seq in row), "one row key"
+        return self._run_row(route, row)
+
+    def _run_row(self, route: Route, row: Sequence[Sequence]) -> Iterator[TrialRecord]:
+        """`run_row`, for a row whose key is known (a `Batch`'s)."""
         server = self.pool.take(route.preload)
         left = list(row)
         if server is not None:
@@ -356,7 +369,7 @@ class Trials:
         (see `batches`); a cold run never has it."""
         return sequence_key(seq) in self.joined
 
-    def batches(self, work: Iterable[Sequence]) -> list[list[Sequence]]:
+    def batches(self, work: Iterable[Sequence]) -> list[Batch]:
         """The work in batches, in first-seen order: a row of at least MIN_ROW
         sequences with one row key (2 when its row server maps a heavy library) is
         one batch, any other sequence its own.
@@ -378,8 +391,9 @@ class Trials:
         for key in rows:  # they start while the first batches wait for them
             if isinstance(key, Route):
                 self.pool.prestart(key.preload)
-        return [batch for key, row in rows.items()
-                for batch in ([row] if len(row) >= self.min_row(key) else [[seq] for seq in row])]
+        return [batch for key, row in rows.items() for batch in (
+            [Batch(tuple(row), key)] if len(row) >= self.min_row(key) and isinstance(key, Route)
+            else [Batch((seq,)) for seq in row])]
 
     def _python_twin(self, row: list[Sequence]) -> Route | None:
         """The row key these sequences would have with libpython first, when it is one key and
@@ -398,11 +412,11 @@ class Trials:
     def min_row(key: object) -> int:
         return 2 if isinstance(key, Route) and key.costly else MIN_ROW
 
-    def run_batch(self, batch: Sequence[Sequence]) -> Iterator[TrialRecord]:
-        if len(batch) == 1:
+    def run_batch(self, batch: Batch) -> Iterator[TrialRecord]:
+        if batch.route is None:
             yield self.run(batch[0])
         else:
-            yield from self.run_row(batch)
+            yield from self._run_row(batch.route, batch.sequences)
 
 
 def run_all(trials: Trials, work: Iterable[Sequence], jobs: int,
