@@ -8,6 +8,7 @@ libraries (matrix, prediction, fuzz, repro) builds them here.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import re
 from collections.abc import Iterable, Sequence
@@ -51,6 +52,13 @@ class Shard:
         an iterator: only this slice's items are kept."""
         return list(itertools.islice(work, self.index - 1, None, self.count))
 
+    def block(self, work: Iterable[T], total: int) -> list[T]:
+        """The K-th of N runs of consecutive items of `work` (`total` of them): disjoint,
+        of even size (one more or less), so that what goes together stays together. `work`
+        may be an iterator: only this run's items are kept."""
+        start, stop = ((k - 1) * total // self.count for k in (self.index, self.index + 1))
+        return list(itertools.islice(work, start, stop))
+
     @property
     def whole(self) -> bool:
         return self.count == 1
@@ -78,12 +86,17 @@ def pairs(libraries: Iterable[Loadable], flags: Sequence[Flags], shard: Shard = 
     """Every ordered pair of distinct libraries, both loaded with the same flags mode (only
     `shard`'s slice of them: the steps of the other slices are never made).
 
-    Grouped by flags mode, then by first library (a matrix row), then second.
+    Grouped by flags mode, then by first library (a matrix row), then second. A
+    shard's slice is a run of consecutive pairs, so its rows stay whole (but for
+    the first and the last) and share their first step (see `run.trials`).
     """
     libs = sorted(libraries, key=lambda lib: (lib.id, str(lib.path)))
     every = ((mode, first, second)
              for mode in flags for first in libs for second in libs if first.id != second.id)
-    return [(load(first, mode), load(second, mode)) for mode, first, second in shard.take(every)]
+    same_id = collections.Counter(lib.id for lib in libs)
+    total = len(flags) * sum(len(libs) - same_id[lib.id] for lib in libs)
+    return [(load(first, mode), load(second, mode))
+            for mode, first, second in shard.block(every, total)]
 
 
 def step_options(libs: Sequence[Loadable], flags: Sequence[Flags]) -> list[Step]:
