@@ -320,6 +320,19 @@ def test_trials_do_not_inherit_ld_preload(monkeypatch):
     assert record.outcome is Outcome.CLEAN
 
 
+def test_a_trial_sees_exactly_the_environment_the_contract_lists(monkeypatch):
+    """docs/contract.md, "What a trial gets"; nothing of loadfuzz's own environment."""
+    monkeypatch.setenv("PYTHONPATH", "/nowhere")
+    libpython = hostenv.libpython_path()
+    show = "import json, os\nprint(json.dumps(dict(os.environ)), flush=True)\n"
+    evidence = run_cold([HarnessStep("g", libpython), HarnessStep("y", libpython, show)], LIMITS, 1)
+    seen = json.loads(evidence.output)
+    assert set(seen) == {"PATH", "HOME", "TMPDIR", "LANG", "LOADFUZZ_PYTHON", "PYTHONNOUSERSITE",
+                         "PYTHONDONTWRITEBYTECODE", "LD_LIBRARY_PATH"}  # torch is installed
+    assert (seen["LOADFUZZ_PYTHON"], seen["LD_LIBRARY_PATH"]) == (
+        sys.executable, str(hostenv.torch_lib_dir()))
+
+
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("second", [QUANTIZED, AOT], ids=["kernels", "aot-lib"])
 def test_the_seed_pair_is_classified_the_same_on_every_path(path, second):
