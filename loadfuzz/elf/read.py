@@ -93,7 +93,7 @@ class ElfReader:
     """
 
     def __init__(self, cache: ElfCache | None = None, consulted: Consulted | None = None) -> None:
-        self.host = host_machine()
+        self.host = cache.host() if cache is not None else host_machine()
         self.cache = cache
         self.consulted = consulted
         self._facts: dict[Path, ElfFacts | BadElf] = {}
