@@ -99,7 +99,9 @@ PATHS = ["cold", "fork-server", "shared-prefix"]
 
 class SharedPrefixTrials:
     """`Trials` on the shared-prefix path: a sequence of two or more steps is a row of its own,
-    forked from a row server that took its first step, and must say so in its record."""
+    forked from a row server that took its first step, and must say so in its record. The row
+    runs it twice: the second trial is sent while the first runs (see `Harness.run_each`), and
+    whatever the first did, the second must end the same way."""
 
     def __init__(self, trials: Trials):
         self.trials = trials
@@ -107,8 +109,10 @@ class SharedPrefixTrials:
     def run(self, seq):
         if self.trials.row_key(seq) is None:
             return self.trials.run(seq)
-        [record] = self.trials.run_row([seq])
+        record, again = self.trials.run_row([seq, seq])
         assert record.via.startswith("shared prefix"), record.via
+        assert (again.outcome, again.step, again.signal, again.exit_code, again.signature) == (
+            record.outcome, record.step, record.signal, record.exit_code, record.signature)
         return record
 
 
