@@ -83,3 +83,15 @@ def test_nothing_points_outside_the_repository():
     for path in places:
         text = path.read_text(encoding="utf-8")
         assert not re.search(r"\.\./shared|CONTRACT\.md", text), path.relative_to(ROOT)
+
+
+def test_the_harness_loadfuzz_and_the_docs_name_one_protocol_version():
+    from loadfuzz.run.harness import PROTOCOL_VERSION
+
+    in_c = re.search(r"#define PROTOCOL_VERSION (\d+)", (ROOT / "harness_c" / "harness.c").read_text())
+    protocol = (ROOT / "docs" / "protocol.md").read_text()
+    index = (ROOT / "docs" / "README.md").read_text()
+    assert in_c is not None and int(in_c[1]) == PROTOCOL_VERSION
+    assert protocol.startswith(f"# The harness protocol, version {PROTOCOL_VERSION}\n")
+    assert f"| {PROTOCOL_VERSION} | " in protocol  # its line in the table of changes
+    assert f"the harness protocol (version {PROTOCOL_VERSION})" in index
