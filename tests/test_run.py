@@ -347,6 +347,24 @@ def test_the_seed_pair_is_classified_the_same_on_every_path(path, second):
                           "shared-prefix": "shared prefix, confirmed cold"}[path]
 
 
+def test_the_scratch_folder_a_killed_loadfuzz_left_is_swept_by_the_next_pool_never_a_live_one(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    killed = subprocess.run([sys.executable, "-c", (
+        f"import os, signal, tempfile\ntempfile.tempdir = {str(tmp_path)!r}\n"
+        "from loadfuzz.run.harness import Harness\nserver = Harness()\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n")])
+    assert killed.returncode == -signal.SIGKILL  # no cleanup of any kind ran
+    [left] = tmp_path.iterdir()
+    being_made = tmp_path / (left.name[:-3] + "new")  # unlocked, but only just made
+    being_made.mkdir()
+    with Harness() as live:
+        for folder in (left, live.scratch):
+            os.utime(folder, (1, 1))  # untouched for a long time
+        ServerPool().close()
+        assert sorted(tmp_path.iterdir()) == sorted([being_made, live.scratch])
+
+
 @pytest.mark.parametrize("preload, why", [
     ("libnowhere.so", "preloading failed"),  # the server says so
     ("exit7", "the harness died"),  # the server is gone before its greeting

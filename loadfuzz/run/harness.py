@@ -36,7 +36,7 @@ from loadfuzz.model import Evidence
 from loadfuzz.run import ldtrace
 from loadfuzz.run.build import harness_binary
 from loadfuzz.run.ldtrace import LoaderTrace
-from loadfuzz.run.processes import end_group, kill_tree, unforkable
+from loadfuzz.run.processes import end_group, kill_tree, own_scratch, unforkable
 
 PROTOCOL_VERSION = 4  # harness_c/harness.c's PROTOCOL_VERSION: the greeting must say it
 STARTUP_TIMEOUT_S = 120.0  # preloading libtorch on a cold disk can take a while
@@ -116,7 +116,7 @@ class Harness:
         """`observe`: the loader reports what it did (see `ldtrace`); read it with `trace`."""
         self.preload = tuple(preload)
         binary = harness_binary()  # first: a harness that cannot be built leaves nothing behind
-        self.scratch = Path(tempfile.mkdtemp(prefix="loadfuzz-"))
+        self.scratch, self._owner = own_scratch()  # locked while this object has it
         self._count = 0
         self._sent = 0  # the trial folder the last trial sent used
         self.shared: SharedPrefix | None = None
@@ -151,6 +151,7 @@ class Harness:
                 os.close(fd)
             printed.close()
             shutil.rmtree(self.scratch, ignore_errors=True)
+            os.close(self._owner)
             raise
         os.close(ctl_r)
         os.close(st_w)
@@ -405,6 +406,7 @@ class Harness:
         self.proc.wait()
         end_group(self.proc.pid)
         shutil.rmtree(self.scratch, ignore_errors=True)
+        os.close(self._owner)
 
 
 def run_cold(steps: Sequence[HarnessStep], limits: Limits, prelude: int = 0) -> Evidence:

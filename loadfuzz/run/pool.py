@@ -24,6 +24,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from loadfuzz.run.harness import Harness, HarnessDied, HarnessStep
+from loadfuzz.run.processes import sweep_scratch
 
 Preload = tuple[HarnessStep, ...]
 
@@ -62,6 +63,7 @@ class ServerPool:
         self._ahead: dict[Preload, Future[Harness | None]] = {}  # started ahead, not yet taken
         self._lock = threading.Lock()
         self.closed = False
+        sweep_scratch()  # what the servers of a loadfuzz killed by SIGKILL left behind
 
     def prestart(self, preload: Preload, guess: bool = False) -> None:
         """Start a server with this preload now, in the background (once per preload);

@@ -1,16 +1,25 @@
 """Processes: what a harness process holds and how its tree ends, seen from outside (psutil, /proc).
 
 A fork server must be one process that a fork copies whole; when it goes, so
-must everything below it and everything in its process group.
+must everything below it and everything in its process group, and its
+scratch folder. A loadfuzz killed by SIGKILL cleans nothing up: the servers
+end by themselves (their control pipe hangs up), and their scratch folders
+are removed by the next loadfuzz that starts servers (`sweep_scratch`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import shutil
 import signal
+import tempfile
 import time
 from pathlib import Path
+
+SCRATCH_PREFIX = "loadfuzz-server-"
+STALE_S = 60.0  # a scratch folder younger than this is never swept (it may be being made)
 
 
 def kill_tree(pid: int) -> None:
@@ -64,3 +73,35 @@ def end_group(pgid: int, wait_s: float = 5.0) -> None:
         while time.monotonic() < deadline:
             os.killpg(pgid, 0)  # ProcessLookupError once no member is left
             time.sleep(0.01)
+
+
+def own_scratch() -> tuple[Path, int]:
+    """A fresh scratch folder for a harness process, and the descriptor that holds its lock
+    (flock on the folder itself): while it is open, no `sweep_scratch` removes the folder."""
+    folder = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
+    owner = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    fcntl.flock(owner, fcntl.LOCK_EX)
+    return folder, owner
+
+
+def sweep_scratch(stale_s: float = STALE_S) -> int:
+    """Remove the scratch folders whose owner is gone (its lock is free: the kernel drops it
+    with the process, whatever ended it) and that nothing touched for `stale_s`; how many."""
+    removed = 0
+    for folder in Path(tempfile.gettempdir()).glob(SCRATCH_PREFIX + "*"):
+        try:
+            if time.time() - folder.stat().st_mtime < stale_s:
+                continue
+            lock = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # its loadfuzz is alive
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed += 1
+        finally:
+            os.close(lock)
+    return removed
