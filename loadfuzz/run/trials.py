@@ -196,7 +196,7 @@ class Trials:
                 evidence = harness.run(steps, self.limits, prelude)
                 if observe is not None and self.explainer is not None:
                     trace = harness.trace(*self.explainer.watch(observe))
-        record = self._verdict(seq, evidence, via)
+        record = self._as_record(seq, evidence, via)
         if observe is not None and self.explainer is not None and not record.clean:
             record = self.explainer.explain(record, trace)
         return record
@@ -208,7 +208,8 @@ class Trials:
             raise RuntimeError("the runner is closed: no more trials start")
         return harness_steps(seq, self.tiers, forked and self.joins(seq))
 
-    def _verdict(self, seq: Sequence, evidence: Evidence, via: str) -> TrialRecord:
+    def _as_record(self, seq: Sequence, evidence: Evidence, via: str) -> TrialRecord:
+        """The record of a trial that left this evidence: classified, with its repro command."""
         verdict = classify(evidence, self.catalogue)
         return make_record(seq, verdict, evidence.duration_s, evidence.peak_rss_mb, self.limits,
                            via, self.loadfuzz)
@@ -350,7 +351,7 @@ class Trials:
                     evidence = next(results)
                 except HarnessDied:  # the server died: the rest go the usual way
                     return
-                record = self._confirm(self._verdict(seq, evidence, "shared prefix"))
+                record = self._confirm(self._as_record(seq, evidence, "shared prefix"))
                 left.pop(0)
                 yield record
 
