@@ -1,4 +1,4 @@
-"""Processes: what a harness process holds and how its tree ends, seen from outside (psutil, /proc).
+"""Processes: a harness process, its tree and its scratch folder, seen and ended from outside.
 
 A fork server must be one process that a fork copies whole; when it goes, so
 must everything below it and everything in its process group, and its
