@@ -94,6 +94,9 @@ class StandIns:
         reached = collections.Counter(key for c in self.candidates
                                       for key in {o.identity for o in link_map.search_list(c)[0]})
         self.reach = {lib.identity: reached[lib.identity] for lib in self.candidates}
+        # those that may lead a step (another candidate reaches them), the most reached first
+        self.leads = sorted((c for c in self.candidates if self.reach[c.identity] >= 2),
+                            key=lambda c: -self.reach[c.identity])
         self._cache: dict[tuple, Path | None] = {}
         self._opened: dict[tuple[State, Key, bool], Load] = {}  # the model's dlopen, replayed once
         self._started: dict[tuple[HarnessStep, ...], State] = {}
@@ -237,7 +240,7 @@ class StandIns:
         """The library to load ahead of `step` in `state`, or None: among the heavy libraries
         the step would load, the one the most campaign libraries reach that passes the rule."""
         facts = self.by_path.get(step.path)
-        if step.mode not in "gl" or facts is None:
+        if step.mode not in "gl" or facts is None or not self.leads:
             return None
         key = (state, step.mode, step.path)
         with self._lock:
@@ -245,9 +248,8 @@ class StandIns:
                 return self._cache[key]
         closure = {o.identity for o in self.search_list(state, facts)}
         found = None
-        for lib in sorted((c for c in self.candidates if c.identity in closure),
-                          key=lambda c: -self.reach[c.identity]):
-            if self.reach[lib.identity] >= 2 and self.weight(state, lib) >= HEAVY_BYTES \
+        for lib in (c for c in self.leads if c.identity in closure):
+            if self.weight(state, lib) >= HEAVY_BYTES \
                     and self.stands_in(state, lib, facts, step.mode == "g"):
                 found = lib.path
                 break

@@ -39,7 +39,7 @@ libpython defines), so that it shares a row with those that do need it
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from loadfuzz import hostenv
@@ -100,6 +100,8 @@ class Tiers:
     tiers: Mapping[Path, int]
     preloads: tuple[tuple[HarnessStep, ...], ...]  # per tier, LIGHT to HEAVY
     standins: StandIns | None = None
+    # what a trial that wants libpython gets first (looked up once: a trial asks several times)
+    libpython: Path | None = field(default_factory=hostenv.libpython_path)
 
     @classmethod
     def of(cls, libraries: Iterable[Library], servers_for: Iterable[Library] | None = None,

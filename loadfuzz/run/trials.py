@@ -21,7 +21,7 @@ import shlex
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -82,7 +82,7 @@ def harness_steps(seq: Sequence, tiers: Tiers, python: bool = False,
     """
     steps = [harness_step(s, tiers) for s in seq]
     wants_python = python or tiers.needs_python(seq) or any(is_python(s) for s in seq)
-    libpython = hostenv.libpython_path() if wants_python else None
+    libpython = tiers.libpython if wants_python else None
     if libpython is None:
         return steps, 0
     return [HarnessStep("g", libpython), *steps], 1
@@ -155,7 +155,7 @@ class Trials:
         self.pool = pool or ServerPool()
         torch_lib = hostenv.torch_lib_dir()
         torch_root = torch_lib.parent if torch_lib is not None else None
-        self.warm = WarmPython(hostenv.libpython_path(), torch_root is not None and any(
+        self.warm = WarmPython(tiers.libpython, torch_root is not None and any(
             path.is_relative_to(torch_root) for path in tiers.tiers))
         self.joined: set[Key] = set()  # sequences run with libpython first though inert to it
         self._lock = threading.Lock()
@@ -385,7 +385,7 @@ class Trials:
             rows.setdefault(self.row_key(seq) or position, []).append(seq)
         for key, row in list(rows.items()):
             if isinstance(key, Route) and len(key.prefix) == 1 and (
-                    twin := self._python_twin(row)) in rows:
+                    twin := self._python_twin(row, rows)) is not None:
                 with self._lock:
                     self.joined.update(sequence_key(seq) for seq in row)
                 rows[twin] += rows.pop(key)
@@ -396,18 +396,20 @@ class Trials:
             [Batch(tuple(row), key)] if len(row) >= self.min_row(key) and isinstance(key, Route)
             else [Batch((seq,)) for seq in row])]
 
-    def _python_twin(self, row: list[Sequence]) -> Route | None:
-        """The row key these sequences would have with libpython first, when it is one key and
-        libpython is inert to every one of them."""
-        if not all(self.tiers.python_inert(seq) for seq in row):
-            return None
-        keys = set()
+    def _python_twin(self, row: list[Sequence], keys: Container[object]) -> Route | None:
+        """The row key these sequences would have with libpython first, when it is one key, one
+        of `keys` (a row that is there), and libpython is inert to every one of them. Asks
+        sequence by sequence, and stops at the first that says no."""
+        twin: Route | None = None
         for seq in row:
+            if not self.tiers.python_inert(seq):
+                return None
             steps, prelude = harness_steps(seq, self.tiers, True)
-            keys.add(self.tiers.route(seq, steps, prelude, True))
-        if len(keys) != 1:
-            return None
-        return keys.pop()
+            key = self.tiers.route(seq, steps, prelude, True)
+            if key not in keys or twin not in (None, key):
+                return None
+            twin = key
+        return twin
 
     @staticmethod
     def min_row(key: object) -> int:
