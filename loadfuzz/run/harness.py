@@ -36,7 +36,7 @@ from loadfuzz.model import Evidence
 from loadfuzz.run import ldtrace
 from loadfuzz.run.build import harness_binary
 from loadfuzz.run.ldtrace import LoaderTrace
-from loadfuzz.run.processes import end_group, kill_tree, own_scratch, unforkable
+from loadfuzz.run.processes import PIPE_READ, end_group, kill_tree, own_scratch, unforkable
 
 PROTOCOL_VERSION = 4  # harness_c/harness.c's PROTOCOL_VERSION: the greeting must say it
 STARTUP_TIMEOUT_S = 120.0  # preloading libtorch on a cold disk can take a while
@@ -204,7 +204,7 @@ class Harness:
     def _fill(self, deadline: float) -> None:
         left = deadline - time.monotonic()
         ready, _, _ = select.select([self._status], [], [], max(left, 0))
-        chunk = os.read(self._status, 1 << 20) if ready else b""
+        chunk = os.read(self._status, PIPE_READ) if ready else b""
         if not chunk:
             raise HarnessDied("the harness did not answer" if not ready else "the harness died")
         self._buffer += chunk

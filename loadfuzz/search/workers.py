@@ -44,6 +44,7 @@ from loadfuzz.campaign import Quiet, RunOnce
 from loadfuzz.inventory import Inventory, Library
 from loadfuzz.merge import added
 from loadfuzz.model import Step, Stopped, TrialRecord
+from loadfuzz.run.processes import PIPE_READ
 from loadfuzz.search.rounds import Search
 from loadfuzz.search.shrink import Identity
 from loadfuzz.settings import RunSettings
@@ -125,7 +126,7 @@ class Inbox:
 
     def read(self) -> list[tuple] | None:
         """The whole messages that one read gives (call when readable); None at end of file."""
-        chunk = os.read(self.fd, 1 << 20)
+        chunk = os.read(self.fd, PIPE_READ)
         if not chunk:
             return None
         self.buffer += chunk
