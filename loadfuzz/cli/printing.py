@@ -114,9 +114,9 @@ def matrix_text(summary: dict, records: Sequence[TrialRecord]) -> str:
         lines.append(f"{mode}: row = loaded first, column = loaded second ({legend})")
         lines.append("     " + "".join(f"{n % 100:>3}" for n in range(len(libs))))
         for row, first in enumerate(libs):
-            marks = [" " if first == second else GLYPHS.get(cells.get((first, second, mode), ""), "?")
-                     for second in libs]
-            lines.append(f"{row:>3}  " + "".join(f"{m:>3}" for m in marks) + f"  {first}")
+            marks = (" " if first == second else GLYPHS.get(cells.get((first, second, mode), ""), "?")
+                     for second in libs)  # one character each, in a column three wide
+            lines.append(f"{row:>3}    " + "  ".join(marks) + f"  {first}")
     return "\n".join(lines)
 
 

@@ -129,13 +129,16 @@ def _html_cell(campaign: CampaignView, first: str, second: str, mode: str, col: 
     return f"<td{attrs}>{CELL_STYLES.get(state, ('?', '', ''))[0]}</td>"
 
 
-def _compact_cell(first: str, second: str, record: Mapping[str, Any] | None,
-                  edge: bool = False) -> str:
+def _compact_cell(state: str, edge: bool) -> str:
     """A clean, diagonal or not-run cell of a large panel: its class and glyph, nothing else
     (matrix.js words its pair and outcome from the row and column headers)."""
-    state = "diagonal" if first == second else "not-run" if record is None else "clean"
     edge_class = " target-start" if edge else ""
     return f'<td class="{state} {state}{edge_class}">{CELL_STYLES[state][0]}</td>'
+
+
+# every compact cell there is, by (state, edge): a 400-library panel has 160,000 of them
+COMPACT_CELLS = {(state, edge): _compact_cell(state, edge)
+                 for state in ("clean", "diagonal", "not-run") for edge in (False, True)}
 
 
 def _html_panel(campaign: CampaignView, mode: str, libraries: list[str],
@@ -146,7 +149,8 @@ def _html_panel(campaign: CampaignView, mode: str, libraries: list[str],
     def cell(first: str, second: str, col: int) -> str:
         record = pairs.get((first, second, mode))
         if compact and (record is None or record["outcome"] == "clean"):
-            return _compact_cell(first, second, record, edge=col in starts)
+            state = "diagonal" if first == second else "not-run" if record is None else "clean"
+            return COMPACT_CELLS[state, col in starts]
         return _html_cell(campaign, first, second, mode, col, record, edge=col in starts)
 
     head = "".join(

@@ -70,7 +70,7 @@ def preload_for(libraries: Sequence[Library]) -> tuple[HarnessStep, ...]:
     seen = {step.path for step in steps}
     for lib in libraries:
         for dep in lib.external:
-            if dep in seen or dep.resolve() in own or dep.name.startswith(ALWAYS_LOADED):
+            if dep in seen or dep.name.startswith(ALWAYS_LOADED) or dep.resolve() in own:
                 continue
             seen.add(dep)
             steps.append(HarnessStep("l", dep))
