@@ -398,12 +398,15 @@ class Harness:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._ctl = self._status = -1
-        with contextlib.suppress(subprocess.TimeoutExpired):
+        try:
             self.proc.wait(timeout=2)
-        kill_tree(self.proc.pid)
-        # What a preload forked lives in the server's own process group (its session) and is
-        # orphaned once the server is gone (a refused preload ends it): that group goes too.
-        self.proc.wait()
+        except subprocess.TimeoutExpired:  # not reaped, so its pid is still its own
+            kill_tree(self.proc.pid)
+            self.proc.wait()
+        # A server that ended by itself (its pid reaped, and free for another process) took
+        # its trial with it. What a preload forked lives in the server's own process group
+        # (its session) and is orphaned once the server is gone (a refused preload ends
+        # it): that group goes too.
         end_group(self.proc.pid)
         shutil.rmtree(self.scratch, ignore_errors=True)
         os.close(self._owner)
