@@ -173,22 +173,27 @@ class ServerPool:
             harness.close()
 
     def close(self) -> None:
-        """Kill every server and cold harness (ending their trials); close the idle ones. A busy
-        one is closed by the thread that was using it, when that thread sees it die."""
+        """Close the idle servers; kill every busy server and cold harness (ending their
+        trials). A busy one is closed by the thread that was using it, when that thread sees
+        it die."""
         with self._lock:
             self.closed = True
             servers, self._all = self._all, []
             running = list(self._cold)
             idle = [q for q in self._idle.values()]
             ahead, self._ahead = list(self._ahead.values()), {}
-        for harness in [*servers, *running]:
-            harness.kill()
-        for untaken in ahead:  # started ahead for a trial that never came: nobody else closes it
-            untaken.add_done_callback(close_started)
+        resting: list[Harness] = []
         for waiting in idle:
             with contextlib.suppress(queue.Empty):
                 while True:
-                    waiting.get_nowait().close()
+                    resting.append(waiting.get_nowait())
+        for harness in [*servers, *running]:
+            if not any(harness is server for server in resting):
+                harness.kill()
+        for untaken in ahead:  # started ahead for a trial that never came: nobody else closes it
+            untaken.add_done_callback(close_started)
+        for server in resting:  # no trial: the end of its control pipe ends it
+            server.close()
 
 
 def close_started(started: Future[Harness | None]) -> None:
