@@ -134,10 +134,14 @@ class ServerPool:
         return server
 
     def give_back(self, preload: Preload, server: Harness) -> None:
-        if self.closed or not server.alive:
+        """A server a trial took, idle again; closed instead if it died or the pool closed (the
+        check and the put are one step under the lock: `close` takes every idle server once)."""
+        with self._lock:
+            kept = not self.closed and server.alive
+            if kept:
+                self._idle.setdefault(preload, queue.SimpleQueue()).put(server)
+        if not kept:
             server.close()
-        else:
-            self._idle.setdefault(preload, queue.SimpleQueue()).put(server)
 
     @property
     def preloaded(self) -> Preload:
