@@ -31,7 +31,8 @@ from loadfuzz.model import Key, TrialRecord, UsageError, sequence_key
 from loadfuzz.model import Sequence as Steps
 from loadfuzz.results import ResultsFolder, default_out, utc_now
 from loadfuzz.run.pool import ServerPool
-from loadfuzz.run.trials import Trials, run_all
+from loadfuzz.run.schedule import run_all
+from loadfuzz.run.trials import Trials
 from loadfuzz.settings import CampaignSettings
 
 

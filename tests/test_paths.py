@@ -16,8 +16,9 @@ import pytest
 from loadfuzz import inventory, plan
 from loadfuzz.model import Flags, sequence_key
 from loadfuzz.run.harness import Limits
+from loadfuzz.run.schedule import run_all
 from loadfuzz.run.tiers import Tiers
-from loadfuzz.run.trials import Trials, run_all
+from loadfuzz.run.trials import Trials
 from support import FIXTURES
 
 LIMITS = Limits(timeout_s=5, mem_mb=4096)

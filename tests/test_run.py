@@ -23,8 +23,9 @@ from loadfuzz.model import Flags, Outcome, StepKind
 from loadfuzz.plan import pairs
 from loadfuzz.run.harness import Harness, HarnessDied, HarnessStep, Limits, run_cold
 from loadfuzz.run.pool import ServerPool
+from loadfuzz.run.schedule import run_all
 from loadfuzz.run.tiers import Tiers
-from loadfuzz.run.trials import Trials, run_all
+from loadfuzz.run.trials import Trials
 from support import (
     AOT,
     ET,

@@ -8,7 +8,7 @@ hidden. With `cold=True` every trial is a fresh process. A trial whose first
 step is Python forks from a server whose interpreter is already started
 (see `warm`).
 
-`run_all` runs a work list on `jobs` threads. Sequences that share a route
+`schedule.run_all` runs a work list on `jobs` threads. Sequences that share a route
 (`tiers.Route`: a server, their first step, a stand-in after it; a matrix
 row) go together, as one batch: a row server takes that step once and each
 trial of the row forks from it.
@@ -21,8 +21,7 @@ import shlex
 import sys
 import threading
 import time
-from collections.abc import Callable, Container, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from collections.abc import Container, Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,6 +33,7 @@ from loadfuzz.run import pycode
 from loadfuzz.run.harness import Harness, HarnessDied, HarnessStep, Limits
 from loadfuzz.run.ldtrace import LoaderTrace
 from loadfuzz.run.pool import Preload, ServerPool, Usage
+from loadfuzz.run.schedule import MIN_ROW, Batch
 from loadfuzz.run.tiers import NO_TIERS, Route, Tiers
 from loadfuzz.run.warm import WarmPython
 
@@ -111,26 +111,6 @@ class Disagreement:
 
 
 DEFAULT_LIMITS = Limits()
-# A row server costs about one trial (a fork, the first step, the END); below
-# this many trials a row does not win that back.
-MIN_ROW = 4
-
-
-@dataclass(frozen=True)
-class Batch:
-    """Sequences run together (see `Trials.batches`): a row, with its row key, or one sequence."""
-
-    sequences: tuple[Sequence, ...]
-    route: Route | None = None  # the row key (see `Trials.row_key`), None for a single sequence
-
-    def __len__(self) -> int:
-        return len(self.sequences)
-
-    def __iter__(self) -> Iterator[Sequence]:
-        return iter(self.sequences)
-
-    def __getitem__(self, index: int) -> Sequence:
-        return self.sequences[index]
 
 
 class Trials:
@@ -420,29 +400,3 @@ class Trials:
             yield self.run(batch[0])
         else:
             yield from self._run_row(batch.route, batch.sequences)
-
-
-def run_all(trials: Trials, work: Iterable[Sequence], jobs: int,
-            keep: Callable[[TrialRecord], None]) -> None:
-    """Run every sequence, `jobs` batches at a time; `keep(record)` as each trial ends,
-    one call at a time. On any exception (Ctrl-C, a failing `keep`) the servers close,
-    ending their trials, and no further trial starts."""
-    lock = threading.Lock()
-
-    def run_batch(batch: Sequence[Sequence]) -> None:
-        for record in trials.run_batch(batch):
-            if trials.closed:
-                return
-            with lock:
-                keep(record)
-
-    with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
-        futures = [pool.submit(run_batch, batch) for batch in trials.batches(work)]
-        try:  # as_completed waits on all of them at once (a wait() per batch was O(n²))
-            for future in as_completed(futures):
-                future.result()
-        except BaseException:
-            for future in futures:
-                future.cancel()
-            trials.close()
-            raise
