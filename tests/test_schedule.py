@@ -55,6 +55,11 @@ def test_the_rows_of_a_whole_matrix_and_a_costly_row_are_left_whole():
     assert balance(libtorch_first, 2) == libtorch_first
 
 
+def test_one_thread_cuts_nothing():
+    shard = [row("/a", 99), row("/b", 51)]
+    assert balance(shard, 1) == shard
+
+
 def test_pieces_of_a_cut_row_each_take_the_first_step_once_and_end_as_the_whole_row(tmp_path):
     """30 copies of a clean library: a row of 29 pairs and 10 of the next, on 2 threads."""
     libs = []

@@ -46,16 +46,16 @@ class Batch:
 
 
 def balance(batches: list[Batch], jobs: int) -> list[Batch]:
-    """The batches, longest first, cut so that `jobs` threads taking them in turn end at about
-    the same time.
+    """The batches, cut so that `jobs` threads taking them in turn end at about the same time.
 
-    Nothing is cut while every batch is at most half a thread's share (all the
-    trials over `jobs`). Else every row longer than a quarter of a share is cut
-    into consecutive pieces of at most that, each with a row server of its own.
-    A costly row (its first step maps a heavy library, see `tiers.Route`) stays
+    Nothing changes on one thread, nor while every batch is at most half a
+    thread's share (all the trials over `jobs`). Else every row longer than a
+    quarter of a share is cut into even consecutive pieces of at most that,
+    each with a row server of its own, and the longest batches go first. A
+    costly row (its first step maps a heavy library, see `tiers.Route`) stays
     whole: a second row server would pay that step again."""
     share = -(-sum(map(len, batches)) // max(jobs, 1))
-    if max(map(len, batches), default=0) <= share // 2:
+    if jobs <= 1 or max(map(len, batches), default=0) <= share // 2:
         return batches
     most = max(-(-share // 4), 2 * MIN_ROW)
     cut = []
