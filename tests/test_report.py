@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from loadfuzz import report
+from loadfuzz.cli.printing import matrix_text
 from loadfuzz.model import Flags, Outcome, Step, StepKind, TrialRecord
 from loadfuzz.report import html as matrix_html
 from loadfuzz.report import junit, markdown, output, view
@@ -35,6 +36,7 @@ from support import (
     cells_of,
     large_campaign,
     pair_key,
+    record,
 )
 
 # --- junit.xml ---------------------------------------------------------------------
@@ -332,21 +334,46 @@ class EveryCell(html.parser.HTMLParser):
 def test_a_matrix_of_many_libraries_carries_a_trial_only_in_the_cells_of_findings(
         tmp_path: Path) -> None:
     summary, trials = large_campaign(libraries=matrix_html.COMPACT_FROM)
+    rows = len({t["sequence"][0]["lib"] for t in trials})  # the shard's rows: 7 of 100
     page = matrix_html.write_matrix_html(tmp_path, summary, trials).read_text(encoding="utf-8")
     parser = EveryCell()
     parser.feed(page)
-    assert len(parser.cells) == matrix_html.COMPACT_FROM ** 2
+    assert len(parser.cells) == rows * matrix_html.COMPACT_FROM
     [finding] = cells_of(page)  # the only cell with its trial: the collision
     assert finding["data-outcome"] == "reregister" and finding["data-status"] == "unexpected"
     assert finding["title"].endswith(f"repro: {summary['findings'][0]['repro']}")
     bare = [cell for cell in parser.cells if "data-outcome" not in cell]
     assert all(list(cell) == ["class"] for cell in bare)
     assert Counter(cell["class"] for cell in bare) == {
-        "clean clean": len(trials) - 1, "diagonal diagonal": matrix_html.COMPACT_FROM,
-        "not-run not-run": matrix_html.COMPACT_FROM ** 2 - matrix_html.COMPACT_FROM - len(trials)}
+        "clean clean": len(trials) - 1, "diagonal diagonal": rows,
+        "not-run not-run": rows * matrix_html.COMPACT_FROM - rows - len(trials)}
 
 
 def test_a_matrix_just_below_the_compact_size_keeps_every_cells_trial(tmp_path: Path) -> None:
     summary, trials = large_campaign(libraries=matrix_html.COMPACT_FROM - 1)
+    rows = len({t["sequence"][0]["lib"] for t in trials})
     page = matrix_html.write_matrix_html(tmp_path, summary, trials).read_text(encoding="utf-8")
-    assert len(cells_of(page)) == (matrix_html.COMPACT_FROM - 1) ** 2
+    assert len(cells_of(page)) == rows * (matrix_html.COMPACT_FROM - 1)
+
+
+def test_a_shards_grids_show_the_rows_it_ran_and_a_whole_campaigns_every_row(
+        tmp_path: Path) -> None:
+    """A shard of a 400-library matrix holds two or three rows: its grids are those rows
+    (every column), not 160,000 cells that other shards ran."""
+    summary, trials = large_campaign(libraries=120, ran=150)  # rows 0 and 1 (119 and 31 pairs)
+    firsts = list(dict.fromkeys(t["sequence"][0]["lib"] for t in trials))
+    assert len(firsts) == 2
+    page = matrix_html.write_matrix_html(tmp_path, summary, trials).read_text(encoding="utf-8")
+    parser = EveryCell()
+    parser.feed(page)
+    assert len(parser.cells) == 2 * 120
+    records = [record(t["sequence"][0]["lib"], t["sequence"][1]["lib"], "global") for t in trials]
+    grid = matrix_text(summary, records).splitlines()
+    assert [line.split()[-1] for line in grid[2:]] == firsts
+
+    whole = {**summary, "shard": None}
+    page = matrix_html.write_matrix_html(tmp_path, whole, trials).read_text(encoding="utf-8")
+    parser = EveryCell()
+    parser.feed(page)
+    assert len(parser.cells) == 120 * 120  # the rows that did not run are shown as not run
+    assert len(matrix_text(whole, records).splitlines()) == 2 + 120

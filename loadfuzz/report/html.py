@@ -142,7 +142,8 @@ COMPACT_CELLS = {(state, edge): _compact_cell(state, edge)
 
 
 def _html_panel(campaign: CampaignView, mode: str, libraries: list[str],
-                pairs: Mapping[tuple[str, str, str], Mapping[str, Any]]) -> str:
+                pairs: Mapping[tuple[str, str, str], Mapping[str, Any]], shown: set[str]) -> str:
+    """One flags mode's grid: a column per library, a row per library in `shown`."""
     starts = target_starts(campaign, libraries)
     compact = len(libraries) >= COMPACT_FROM
 
@@ -161,6 +162,8 @@ def _html_panel(campaign: CampaignView, mode: str, libraries: list[str],
     )
     rows = []
     for r, first in enumerate(libraries):
+        if first not in shown:
+            continue
         directory, _, name = visible(first).rpartition("/")
         label = (f'<span class="num">{r + 1}</span> '
                  + (f'<span class="dir">{_e(directory)}/</span>' if directory else "")
@@ -272,7 +275,8 @@ def render_html(campaign: CampaignView) -> str:
             f'<div class="legend">{legend}</div>',
             '<div id="details">Hover over a cell to see its trial; click to pin it.</div>',
             '<div class="panels">',
-            *(_html_panel(campaign, mode, libraries, pairs) for mode in campaign.flags_modes()),
+            *(_html_panel(campaign, mode, libraries, pairs, set(campaign.rows()))
+              for mode in campaign.flags_modes()),
             "</div>",
         ]
     parts += [_html_findings(campaign), _html_stale(campaign), f"<script>{script()}</script>",

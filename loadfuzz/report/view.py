@@ -93,6 +93,15 @@ class CampaignView:
         named = (s["lib"] for r in self.pair_records() for s in r["sequence"])
         return list(dict.fromkeys([*self.summary.get("libraries", []), *named]))
 
+    def rows(self) -> list[str]:
+        """The libraries whose rows a matrix shows: every one; for a shard (`--shard`), those
+        that are the first library of a pair it ran (its other rows are other shards')."""
+        libraries = self.libraries()
+        if not self.summary.get("shard"):
+            return libraries
+        firsts = {r["sequence"][0]["lib"] for r in self.pair_records()}
+        return [lib for lib in libraries if lib in firsts]
+
     def flags_modes(self) -> list[str]:
         """The summary's flags modes, then any mode a pair trial was run under that it lacks."""
         ran = map(flags_mode, self.pair_records())
