@@ -262,6 +262,7 @@ def render_html(campaign: CampaignView) -> str:
         f'<p class="meta">{" · ".join(meta)}</p>',
     ]
     if pairs:
+        shown = set(campaign.rows())
         legend = "".join(
             f'<span class="item"><span class="swatch {state}">{glyph}</span>{_e(text)}'
             f' <span class="count" data-count-for="{state}"></span></span>'
@@ -275,7 +276,7 @@ def render_html(campaign: CampaignView) -> str:
             f'<div class="legend">{legend}</div>',
             '<div id="details">Hover over a cell to see its trial; click to pin it.</div>',
             '<div class="panels">',
-            *(_html_panel(campaign, mode, libraries, pairs, set(campaign.rows()))
+            *(_html_panel(campaign, mode, libraries, pairs, shown)
               for mode in campaign.flags_modes()),
             "</div>",
         ]

@@ -191,9 +191,8 @@ class ServerPool:
             with contextlib.suppress(queue.Empty):
                 while True:
                     resting.append(waiting.get_nowait())
-        for harness in [*servers, *running]:
-            if not any(harness is server for server in resting):
-                harness.kill()
+        for harness in {*servers, *running} - set(resting):
+            harness.kill()
         for untaken in ahead:  # started ahead for a trial that never came: nobody else closes it
             untaken.add_done_callback(close_started)
         for server in resting:  # no trial: the end of its control pipe ends it
