@@ -41,6 +41,12 @@ def test_a_shard_of_two_long_rows_is_cut_so_that_both_threads_end_together():
         assert len(pieces) > 1 and all(len(piece) <= 19 for piece in pieces)
 
 
+def test_the_pieces_of_a_row_differ_in_length_by_one_at_most():
+    balanced = balance([row("/a", 57), row("/b", 7)], 2)  # pieces of at most 8
+    pieces = [len(batch) for batch in balanced if batch.route == row("/a", 1).route]
+    assert sum(pieces) == 57 and max(pieces) <= 8 and max(pieces) - min(pieces) <= 1
+
+
 def test_a_costly_row_left_whole_runs_first_and_the_pieces_fill_in_around_it():
     shard = [row("/a", 99), row("/torch", 40, costly=True)]
     balanced = balance(shard, 2)
@@ -72,7 +78,7 @@ def test_pieces_of_a_cut_row_each_take_the_first_step_once_and_end_as_the_whole_
     with Trials(LIMITS) as runner:
         pieces = balance(runner.batches(work), 2)
         run_all(runner, work, 2, records.append)
-    assert sorted(len(piece) for piece in pieces) == [5, 5, 5, 8, 8, 8]
+    assert sorted(len(piece) for piece in pieces) == [5, 5, 7, 7, 7, 8]
     assert sorted(map(sequence_key, (r.sequence for r in records))) == sorted(map(sequence_key, work))
     assert {(r.outcome, r.via) for r in records} == {(Outcome.CLEAN, "shared prefix")}
     assert runner.usage.rows_shared == len(pieces)

@@ -11,6 +11,7 @@ batches out first.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -63,9 +64,10 @@ def balance(batches: list[Batch], jobs: int) -> list[Batch]:
         if batch.route is None or batch.route.costly or len(batch) <= most:
             cut.append(batch)
             continue
-        size = -(-len(batch) // -(-len(batch) // most))  # even pieces, none longer than `most`
-        cut += [Batch(batch.sequences[at:at + size], batch.route)
-                for at in range(0, len(batch), size)]
+        count = -(-len(batch) // most)  # pieces whose lengths differ by one at most
+        bounds = [len(batch) * k // count for k in range(count + 1)]
+        cut += [Batch(batch.sequences[start:end], batch.route)
+                for start, end in itertools.pairwise(bounds)]
     return sorted(cut, key=len, reverse=True)
 
 
