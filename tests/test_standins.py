@@ -8,6 +8,7 @@ defines too."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -18,9 +19,10 @@ import pytest
 from loadfuzz import hostenv, inventory, plan
 from loadfuzz.model import Flags, Step, StepKind
 from loadfuzz.run.harness import Harness, HarnessDied, HarnessStep, Limits
+from loadfuzz.run.standins import StandIns
 from loadfuzz.run.tiers import Tiers
 from loadfuzz.run.trials import Trials, harness_steps
-from support import hostile, processes_holding
+from support import hostile, loadfuzz, processes_holding
 
 LOADER = r"""
 #include <dlfcn.h>
@@ -177,3 +179,82 @@ def test_a_library_that_defines_a_name_libpython_defines_never_gets_libpython_fi
     assert {name: tiers.python_inert(seq) for name, seq in alone.items()} == {
         "libplain.so": True, "libshadow.so": False}
     assert not tiers.python_inert(alone["libplain.so"] + alone["libshadow.so"])
+
+
+def build(folder: Path, name: str, source: str, *link: str) -> Path:
+    """lib<name>.so in `folder`, from C source; `link`: more gcc arguments (libraries)."""
+    (folder / f"{name}.c").write_text(source)
+    lib = folder / f"lib{name}.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(folder / f"{name}.c"),
+                    f"-L{folder}", "-Wl,-rpath,$ORIGIN", *link], check=True)
+    return lib
+
+
+# Aborts unless libpython is in the process; asks by a weak reference, so it loads either way.
+INSISTS = r"""
+#include <stdio.h>
+#include <stdlib.h>
+extern int Py_IsInitialized(void) __attribute__((weak));
+__attribute__((constructor)) static void insists(void) {
+    if (!Py_IsInitialized) { fputs("insists: no libpython here\n", stderr); abort(); }
+}
+"""
+
+
+def test_a_library_that_looks_for_libpython_by_a_weak_reference_gets_it_only_as_cold(
+        loader, tmp_path):
+    """libinsists.so needs no libpython to load, so its cold pairs with plain libraries run
+    without it, and abort. Its pairs with libraries that need libpython share its row
+    (libpython first): the pairs with plain libraries must not join that row, where they
+    would run clean. Every verdict of the matrix is checked against the test's own loader."""
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    build(libs, "insists", INSISTS)
+    for i in range(4):
+        build(libs, f"needs{i}", "extern int Py_IsInitialized(void);\n"
+              f"int n{i}(void) {{ return Py_IsInitialized(); }}\n")
+        build(libs, f"plain{i}", f"int p{i}(void) {{ return {i}; }}\n")
+
+    loadfuzz("matrix", libs, "--flags", "global", "--out", tmp_path / "out")
+    records = [json.loads(line) for line in (tmp_path / "out" / "trials.jsonl").open()]
+    assert len(records) == 9 * 8
+    python = HarnessStep("g", hostenv.libpython_path())
+    verdicts = {}
+    for record in records:
+        pair = [step["lib"] for step in record["sequence"]]
+        steps = [HarnessStep("g", libs / name) for name in pair]
+        if any(name.startswith("libneeds") for name in pair):
+            steps.insert(0, python)
+        done = subprocess.run([str(loader), *(f"{s.mode}:{s.path}" for s in steps)],
+                              capture_output=True, timeout=60)
+        cold = "abort" if done.returncode == -6 else "clean" if done.returncode == 0 else "?"
+        assert record["outcome"] == cold, (pair, record["detail"])
+        verdicts[tuple(pair)] = cold
+    assert verdicts[("libinsists.so", "libplain0.so")] == "abort"
+    assert verdicts[("libinsists.so", "libneeds0.so")] == "clean"
+    inv = inventory.load_target(str(libs))
+    tiers = Tiers.of(inv.libraries, link_map=inv.link_map)
+    insists = (Step(StepKind.DLOPEN, "libinsists.so", Flags.GLOBAL, libs / "libinsists.so"),)
+    assert not tiers.needs_python(insists) and not tiers.python_inert(insists)
+
+
+def test_a_weak_reference_that_a_later_library_defines_keeps_its_library_out_of_the_way(
+        loader, tmp_path):
+    """libhooked.so refers weakly to `hook`, which libhook.so defines; libuser.so needs both
+    (libhook.so first). Cold, dlopen(libuser.so) binds hooked's reference to libhook.so's
+    `hook`; loaded ahead alone, libhooked.so would leave it null. So libhooked.so never
+    stands in front of libuser.so, though its objects and constructors would allow it."""
+    hook = build(tmp_path, "hook", "int hook(void) { return 7; }\n")
+    hooked = build(tmp_path, "hooked", "extern int hook(void) __attribute__((weak));\n"
+                   "int hooked(void) { return hook ? hook() : -1; }\n")
+    user = build(tmp_path, "user", "int user(void) { return 0; }\n",
+                 "-Wl,--no-as-needed", "-lhook", "-lhooked")
+    inv = inventory.load_target(str(tmp_path))
+    model = StandIns(inv.link_map, [hook, hooked, user])
+    facts = inv.link_map.files
+    ahead = what_the_loader_did(loader, [HarnessStep("l", hooked), HarnessStep("g", user)],
+                                tmp_path)
+    alone = what_the_loader_did(loader, [HarnessStep("g", user)], tmp_path)
+    assert ahead[1] == alone[1]  # the same constructors, in the same order
+    assert {name for who, to, name in alone[0] - ahead[0] if who.endswith("libhooked.so")} == {"hook"}
+    assert not model.stands_in(model.start(()), facts[hooked], facts[user], True)

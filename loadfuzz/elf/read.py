@@ -68,6 +68,8 @@ class ElfFacts:
     defines: frozenset[str] = field(repr=False)  # exported dynamic symbols
     protected: frozenset[str] = field(repr=False)  # those of them with protected visibility
     undefined: frozenset[str] = field(repr=False)  # strong undefined dynamic symbols
+    # weak undefined ones: bound where a definition is in scope, else left null (never an error)
+    weak: frozenset[str] = field(repr=False)
     exports_api: bool = False  # a global function (C or C++) outside the C++ standard library
 
     def binds_to_itself(self, symbol: str) -> bool:
@@ -184,6 +186,7 @@ def parse_facts(path: Path, elf: ELFFile, size: int, host: Machine) -> ElfFacts:
     symbols = dynamic_symbols(elf, dynsym)
     defines = frozenset(s.name for s in symbols if s.exported)
     undefined = frozenset(s.name for s in symbols if s.undefined and s.bind == STB_GLOBAL)
+    weak = frozenset(s.name for s in symbols if s.undefined and s.bind == STB_WEAK)
     return ElfFacts(
         path=path,
         identity=(path.stat().st_dev, path.stat().st_ino),
@@ -196,6 +199,7 @@ def parse_facts(path: Path, elf: ELFFile, size: int, host: Machine) -> ElfFacts:
         defines=defines,
         protected=frozenset(s.name for s in symbols if s.exported and s.visibility == STV_PROTECTED),
         undefined=undefined,
+        weak=weak,
         exports_api=any(s.exported and s.bind == STB_GLOBAL and s.kind == STT_FUNC
                         and not s.name.startswith(STD_PREFIXES) and s.name not in LOADER_HOOKS
                         for s in symbols),

@@ -17,8 +17,10 @@ of every relocation) and accepts L in front of step S in a state P only when:
    ld.so, are left out of the comparison: their constructors observe
    nothing of the others');
 3. **same bindings**: every symbol name the objects of L define or
-   reference (but `_edata`, `_end`, `__bss_start`, `_init`, `_fini` and
-   version tags such as `GLIBC_2.2.5`, which no relocation names) has the same definers, in the same order, in the scope
+   reference, weakly too (a weak reference binds wherever a definition is in
+   scope, and stays null where none is), but `_edata`, `_end`, `__bss_start`,
+   `_init`, `_fini` and version tags such as `GLIBC_2.2.5`, which no
+   relocation names, has the same definers, in the same order, in the scope
    their relocations are looked up in: global scope + L's search list when
    preloaded, global scope + S's search list in the cold run. (C++ libraries
    repeat template instantiations and type_info objects: a plugin that
@@ -191,10 +193,12 @@ class StandIns:
         return clear
 
     def names_python(self, obj: ElfFacts) -> bool:
-        """Whether the object defines or references a name that begins with `Py` or `_Py`."""
+        """Whether the object defines or references (weakly too: a library may ask whether it
+        is in a Python process) a name that begins with `Py` or `_Py`."""
         if obj.identity not in self._pythonish:  # libtorch_cpu alone has ~300,000 names
             self._pythonish[obj.identity] = any(
-                name.startswith(PYTHON_NAMES) for name in itertools.chain(obj.defines, obj.undefined))
+                name.startswith(PYTHON_NAMES)
+                for name in itertools.chain(obj.defines, obj.undefined, obj.weak))
         return self._pythonish[obj.identity]
 
     # -- the rule ---------------------------------------------------------------------------
@@ -258,9 +262,10 @@ class StandIns:
         return found
 
 def touches(names: frozenset[str], objects: list[ElfFacts]) -> bool:
-    """Whether one of the names is one the objects define or reference (reserved names aside)."""
-    return any(not (name in RESERVED or VERSION_TAG.fullmatch(name))
-               for obj in objects for name in (names & obj.defines) | (names & obj.undefined))
+    """Whether one of the names is one the objects define or reference, strongly or weakly
+    (reserved names aside): a weak reference binds where a definition is in scope."""
+    return any(not (name in RESERVED or VERSION_TAG.fullmatch(name)) for obj in objects
+               for name in (names & obj.defines) | (names & obj.undefined) | (names & obj.weak))
 
 
 def same_definers(ahead: list[ElfFacts], warm: list[Key], cold: list[Key],

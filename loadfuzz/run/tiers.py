@@ -127,9 +127,9 @@ class Tiers:
     def python_inert(self, seq: Steps) -> bool:
         """Whether libpython, loaded RTLD_GLOBAL before this sequence that does not need it,
         would change nothing it does: every step is a library the model knows, loaded with
-        dlopen, and no object those loads can map defines or references a name libpython
-        could define (so no relocation of theirs can bind to libpython, nor libpython's to
-        them; see `StandIns.avoids_python`)."""
+        dlopen, and no object those loads can map defines or references, even weakly, a
+        name libpython could define (so no relocation of theirs can bind to libpython, nor
+        libpython's to them; see `StandIns.avoids_python`)."""
         model = self.standins
         return model is not None and not self.needs_python(seq) and all(
             step.kind is StepKind.DLOPEN and step.flags is not Flags.PYTHON
