@@ -55,6 +55,8 @@ class TargetFiles:
 
 def locate(target: str, consulted: Consulted | None = None) -> TargetFiles:
     """The files of a .whl, a directory, an installed distribution or one .so; UsageError if none."""
+    if not target.strip():  # Path("") is the working folder: never what an empty word meant
+        raise UsageError("a target is empty: give a .whl, a folder, a library or a distribution")
     path = Path(target)
     if consulted is not None:
         consulted.note(path)  # a folder of this name would be the target, not a distribution

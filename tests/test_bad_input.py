@@ -41,6 +41,10 @@ CASES = {
     "select nothing": (lambda f: ["matrix", "executorch", "--select", "nothing/*"],
                        "matches no library"),
     "run missing library": (lambda f: ["run", f / "libnope.so"], "no such library"),
+    "timeout not a number": (lambda f: ["run", "--timeout", "nan", QUANTIZED], "--timeout"),
+    "endless timeout": (lambda f: ["matrix", "executorch", "--timeout", "inf"], "at most"),
+    "empty target": (lambda f: ["matrix", ""], "a target is empty"),
+    "empty scan target": (lambda f: ["scan", "executorch", ""], "a target is empty"),
     "repro missing log": (lambda f: ["repro", "--log", f / "no.log", "executorch"], "no.log"),
 }
 

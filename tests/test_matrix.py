@@ -173,3 +173,22 @@ def test_a_pair_that_only_fails_under_global_names_the_symbols_both_define(tmp_p
 def test_the_wheel_has_no_pair_where_the_flags_alone_decide(legacy_matrix):
     summary, _ = legacy_matrix
     assert summary["interposition"] == []
+
+
+def test_a_campaign_stopped_before_its_first_trial_says_nothing_was_written(tmp_path, capsys):
+    """Stopped while it reads and plans (before it takes its results folder), a campaign has
+    nothing to resume: its last line says so, and offers no `--resume` that would fail."""
+    from loadfuzz.campaign import prepare
+    from loadfuzz.cli.commands import campaign_settings, interrupted
+    from loadfuzz.cli.parser import build_parser
+    from loadfuzz.model import Stopped
+
+    out = tmp_path / "out"
+    words = ["matrix", "executorch", "--select", "lib/*", "--out", str(out)]
+    args = build_parser().parse_args(words)
+    args.invocation = words
+    campaign = prepare(campaign_settings(args), "matrix")
+    assert interrupted(campaign, Stopped(signal.SIGTERM)) == 128 + signal.SIGTERM
+    said = capsys.readouterr().err
+    assert said == f"stopped by SIGTERM before the first trial: nothing was written to {out}\n"
+    assert not out.exists()

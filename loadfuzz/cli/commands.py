@@ -93,6 +93,10 @@ def interrupted(campaign: Prepared, stop: KeyboardInterrupt) -> int:
     from loadfuzz.model import Stopped
 
     signum = stop.signum if isinstance(stop, Stopped) else signal.SIGINT
+    if not campaign.folder.trials_path.exists():  # stopped before the folder was taken
+        print(f"stopped by {signal.Signals(signum).name} before the first trial: nothing was "
+              f"written to {campaign.out}", file=sys.stderr)
+        return 128 + signum
     resume = campaign.resume_command()
     how = f"; continue with: {resume}" if resume else ""
     partial = next((f", a partial {kind} in {path}" for kind, path in (

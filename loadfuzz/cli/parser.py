@@ -51,13 +51,19 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{command}: {message}" if command else message)
 
 
-def positive_float(text: str) -> float:
+# A week: the longest time limit a step may have (the harness counts nanoseconds in 64 bits).
+MAX_SECONDS = 7 * 24 * 3600
+
+
+def seconds(text: str) -> float:
+    """A time limit in seconds: more than zero, at most MAX_SECONDS (so neither nan nor inf)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be more than zero: {text!r}")
+    if not 0 < value <= MAX_SECONDS:  # also false for nan
+        raise argparse.ArgumentTypeError(f"must be more than zero and at most {MAX_SECONDS} "
+                                         f"(a week): {text!r}")
     return value
 
 
@@ -99,7 +105,7 @@ def build_parser() -> Parser:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
 
     def limits(sub: Parser) -> None:
-        sub.add_argument("--timeout", type=positive_float, default=10.0, metavar="S",
+        sub.add_argument("--timeout", type=seconds, default=10.0, metavar="S",
                          help="time limit of one step, in seconds (default 10)")
         sub.add_argument("--mem", type=positive_int, metavar="MB",  # default: Limits()'s
                          help="memory ceiling (RLIMIT_AS) of a trial in MiB")
