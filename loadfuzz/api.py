@@ -20,7 +20,7 @@ from pathlib import Path
 
 from loadfuzz import inventory
 from loadfuzz.explain import Explainer
-from loadfuzz.model import Flags, Outcome, Sequence, StepKind, TrialRecord, UsageError, parse_step
+from loadfuzz.model import MAX_TIMEOUT_S, Flags, Outcome, Sequence, StepKind, TrialRecord, UsageError, parse_step
 from loadfuzz.run.harness import Limits
 from loadfuzz.run.tiers import NO_TIERS, Tiers
 from loadfuzz.run.trials import Trials
@@ -44,8 +44,9 @@ def run_load_order(target: str | Path | None, *steps: str | Path,
         [default] = Flags.parse_list(flags)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    if not timeout > 0:
-        raise UsageError(f"timeout must be more than zero seconds, not {timeout!r}")
+    if not 0 < timeout <= MAX_TIMEOUT_S:  # also false for nan
+        raise UsageError(f"timeout must be more than zero seconds and at most {MAX_TIMEOUT_S} "
+                         f"(a week), not {timeout!r}")
     seq = load_order(None if target is None else str(target), steps, default, add)
     return run_cold(seq, Limits(timeout_s=timeout))
 

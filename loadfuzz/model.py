@@ -120,6 +120,9 @@ STEP_PREFIXES: dict[str, tuple[StepKind, Flags | None]] = {
     "import": (StepKind.MODULE, Flags.PYTHON),
 }
 MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+# The longest limit a step may have, in seconds (a week): the harness counts nanoseconds in
+# 64 bits, and nan or inf would be no limit at all.
+MAX_TIMEOUT_S = 7 * 24 * 3600
 
 
 def parse_step(text: str, default: Flags, locate: Callable[[str], Path | None]) -> Step:

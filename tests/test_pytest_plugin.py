@@ -239,6 +239,8 @@ def test_run_load_order_takes_ids_of_a_target_or_plain_paths():
     (("lib/no-such-library.so",), {}),
     ((KQ_ID,), {"flags": "sideways"}),
     ((KQ_ID,), {"timeout": 0}),
+    ((KQ_ID,), {"timeout": float("nan")}),
+    ((KQ_ID,), {"timeout": float("inf")}),
 ])
 def test_run_load_order_rejects_bad_input_with_a_usage_error(steps, options):
     with pytest.raises(UsageError):

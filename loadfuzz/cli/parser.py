@@ -10,7 +10,7 @@ import os
 import re
 from pathlib import Path
 
-from loadfuzz.model import Flags, UsageError
+from loadfuzz.model import MAX_TIMEOUT_S, Flags, UsageError
 from loadfuzz.plan import WHOLE, Shard
 
 EXAMPLES = {
@@ -51,18 +51,14 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{command}: {message}" if command else message)
 
 
-# A week: the longest time limit a step may have (the harness counts nanoseconds in 64 bits).
-MAX_SECONDS = 7 * 24 * 3600
-
-
 def seconds(text: str) -> float:
-    """A time limit in seconds: more than zero, at most MAX_SECONDS (so neither nan nor inf)."""
+    """A step's time limit in seconds: more than zero, at most MAX_TIMEOUT_S (not nan)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < value <= MAX_SECONDS:  # also false for nan
-        raise argparse.ArgumentTypeError(f"must be more than zero and at most {MAX_SECONDS} "
+    if not 0 < value <= MAX_TIMEOUT_S:  # also false for nan
+        raise argparse.ArgumentTypeError(f"must be more than zero and at most {MAX_TIMEOUT_S} "
                                          f"(a week): {text!r}")
     return value
 
