@@ -137,6 +137,9 @@ def parse_step(text: str, default: Flags, locate: Callable[[str], Path | None]) 
         if not MODULE_NAME.fullmatch(name):
             raise UsageError(f"import:{name}: not a module name (e.g. import:torch)")
         return Step(kind, name, Flags.PYTHON)
+    if not name:
+        raise UsageError(f"an empty step {text!r}: give a library's path (or id) after the prefix"
+                         if known else "an empty step: give a library's path or id")
     found = locate(name)
     if found is not None:
         return Step(kind, name, flags or default, found)
