@@ -72,6 +72,8 @@ def _ending(ev: Evidence) -> tuple[Outcome, int | None]:
         return Outcome.CRASH, running
     if running is not None or ev.exit_code != 0 or ev.done < ev.steps:
         return Outcome.EXIT, running
+    if ev.done != ev.started:  # more steps ended than began: no harness writes that trace
+        return Outcome.EXIT, None
     return Outcome.CLEAN, None
 
 
@@ -92,6 +94,9 @@ def _plain_detail(outcome: Outcome, step: int | None, ev: Evidence, output: str)
         return f"aborted {where}{said}"
     if outcome is Outcome.CRASH:
         return f"killed by {signal_name(ev.signal)} {where}{said}"
+    if outcome is Outcome.EXIT and ev.done > ev.started:
+        return (f"the process exited with status {ev.exit_code}, but its step trace does not add "
+                f"up: {ev.done} ended, {ev.started} began")
     if outcome is Outcome.EXIT:
         return f"the process exited with status {ev.exit_code} {where}"
     return "every step completed"

@@ -151,6 +151,12 @@ def test_detail_is_bounded_even_for_huge_lines():
     assert len(verdict.detail) <= 300
 
 
+def test_a_step_trace_with_more_steps_ended_than_begun_is_never_clean():
+    verdict = classify(evidence(steps=0, started=0, done=1), CATALOGUE)
+    assert (verdict.outcome, verdict.step) == (Outcome.EXIT, None)
+    assert verdict.detail.endswith("its step trace does not add up: 1 ended, 0 began")
+
+
 def test_classification_is_a_function_of_the_evidence_alone():
     one = recorded("executorch_reregister")
     assert classify(one, CATALOGUE) == classify(replace(one), CATALOGUE)
