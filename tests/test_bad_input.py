@@ -43,6 +43,8 @@ CASES = {
     "run missing library": (lambda f: ["run", f / "libnope.so"], "no such library"),
     "timeout not a number": (lambda f: ["run", "--timeout", "nan", QUANTIZED], "--timeout"),
     "endless timeout": (lambda f: ["matrix", "executorch", "--timeout", "inf"], "at most"),
+    "memory past any count": (lambda f: ["run", "--mem", str(1 << 44), QUANTIZED],
+                              "--mem: at most"),
     "empty step": (lambda f: ["run", "py:"], "an empty step 'py:'"),
     "empty target": (lambda f: ["matrix", ""], "a target is empty"),
     "empty scan target": (lambda f: ["scan", "executorch", ""], "a target is empty"),

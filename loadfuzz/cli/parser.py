@@ -51,6 +51,10 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{command}: {message}" if command else message)
 
 
+# The largest --mem, in MiB (a PiB): far past any machine, far from a 64-bit byte count's end.
+MAX_MEM_MB = 1 << 30
+
+
 def seconds(text: str) -> float:
     """A step's time limit in seconds: more than zero, at most MAX_TIMEOUT_S (not nan)."""
     try:
@@ -67,6 +71,14 @@ def positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"not a positive whole number: {text!r}")
     return int(text)
+
+
+def megabytes(text: str) -> int:
+    """A memory ceiling in MiB, at most MAX_MEM_MB (the harness shifts it into bytes)."""
+    value = positive_int(text)
+    if value > MAX_MEM_MB:
+        raise argparse.ArgumentTypeError(f"at most {MAX_MEM_MB} (a PiB): {text!r}")
+    return value
 
 
 def flags_list(text: str) -> tuple[Flags, ...]:
@@ -103,7 +115,7 @@ def build_parser() -> Parser:
     def limits(sub: Parser) -> None:
         sub.add_argument("--timeout", type=seconds, default=10.0, metavar="S",
                          help="time limit of one step, in seconds (default 10)")
-        sub.add_argument("--mem", type=positive_int, metavar="MB",  # default: Limits()'s
+        sub.add_argument("--mem", type=megabytes, metavar="MB",  # default: Limits()'s
                          help="memory ceiling (RLIMIT_AS) of a trial in MiB")
         sub.add_argument("--at-exit", action="store_true",
                          help="end trials with exit(), running destructors (slower)")
