@@ -28,6 +28,15 @@ def test_the_executorch_line_is_read_with_or_without_its_log_prefix(text):
                                                "quantized_decomposed::add.out")
 
 
+def test_a_line_copied_from_a_ci_log_is_read_without_its_time_stamp_and_colours():
+    log = ("2026-12-05T04:12:00.1234567Z \x1b[36;1mpython -c 'import app'\x1b[0m\n"
+           f"2026-12-05T04:12:01.0000001Z \x1b[31m{ET_LINE}\x1b[0m\n")
+    message = read_message(log)
+    assert (message.text, message.op) == (ET_LINE, "quantized_decomposed::add.out")
+    unknown = read_message("2026-12-05T04:12:01Z \x1b[1mfatal: widget table corrupt\x1b[0m\n")
+    assert unknown.signature is None and unknown.needle == "fatal: widget table corrupt"
+
+
 def test_the_pytorch_duplicate_operator_text_is_read():
     message = read_message(TORCH_TEXT)
     assert (message.signature, message.op) == ("torch-duplicate-op",

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,11 @@ from loadfuzz.search.shrink import simplify
 MOST_TRIALS = 2000  # a bound on the orders tried before giving up
 MODES = (Flags.LOCAL, Flags.GLOBAL, Flags.PYTHON)  # every way to load a candidate, simplest first
 ABORT_WORDS = ("abort", "terminate", "fatal", "error", "re-registering", "registered")
+# What a CI log adds to the lines a process printed: colour codes, and a time stamp in front
+# of each line (GitHub Actions: `2026-12-05T04:12:00.1234567Z `).
+COLOUR = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+TIME_STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?\s+",
+                        re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -61,7 +67,9 @@ class Message:
 
 
 def read_message(text: str) -> Message:
-    """The signature and operator of the first line the catalogue knows, else the abort line."""
+    """The signature and operator of the first line the catalogue knows, else the abort line
+    (either without the colour codes and time stamps a CI log adds)."""
+    text = TIME_STAMP.sub("", COLOUR.sub("", text))
     for sig in load_catalogue():
         found = sig.search(text)
         if found:
