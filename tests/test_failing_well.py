@@ -8,6 +8,7 @@ error.log); 1 is only ever "the campaign completed and found something unexpecte
 import json
 import os
 import shutil
+import signal
 import subprocess
 
 import pytest
@@ -117,3 +118,20 @@ def test_two_campaigns_started_at_once_on_one_folder_refuse_the_second(tmp_path)
                                      or "already holds results" in why), why
     keys = [json.dumps(line["sequence"]) for line in whole_lines(out / "trials.jsonl")]
     assert len(keys) == len(set(keys))
+
+
+def test_output_cut_short_by_its_reader_is_the_sigpipe_status_never_a_finding(tmp_path):
+    """`loadfuzz matrix ... | head` under `set -o pipefail`: the campaign ran whole, only its
+    grid was not read. The status is 128 + SIGPIPE (as a process killed by it), not 1, which
+    would say it found something unexpected."""
+    out = tmp_path / "out"
+    campaign = subprocess.Popen([str(LOADFUZZ), "matrix", str(CORPUS), "--flags", "global",
+                                 "--select", "libcz_registry.so", "--select", "libcz_quiet*",
+                                 "--out", str(out)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    campaign.stdout.close()  # nobody reads it
+    stderr = campaign.stderr.read().decode()
+    assert campaign.wait(timeout=300) == 128 + signal.SIGPIPE, stderr
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert "incomplete" not in summary and summary["trials"] == len(whole_lines(out / "trials.jsonl"))

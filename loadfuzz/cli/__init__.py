@@ -5,6 +5,8 @@ into its exit status: bad input is one line on stderr and 2; a failure of loadfu
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import sys
 import traceback
@@ -70,8 +72,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         signum = stop.signum if isinstance(stop, Stopped) else signal.SIGINT
         print(f"loadfuzz: stopped by {signal.Signals(signum).name}", file=sys.stderr)
         return 128 + signum
-    except BrokenPipeError:
-        return 1
+    except BrokenPipeError:  # what reads its output went away (`| head`): as SIGPIPE would
+        with contextlib.suppress(OSError):  # and no second error when Python flushes at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except Exception as exc:  # loadfuzz could not finish: never to be read as a finding
         cause = exc.__cause__ if isinstance(exc, CouldNotFinish) and exc.__cause__ else exc
         folder = exc.folder if isinstance(exc, CouldNotFinish) else None

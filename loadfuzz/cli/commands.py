@@ -74,7 +74,7 @@ def failing_into(campaign: Prepared) -> Iterator[None]:
 
     try:
         yield
-    except (UsageError, KeyboardInterrupt):
+    except (UsageError, KeyboardInterrupt, BrokenPipeError):  # the reader of stdout went away
         raise
     except OSError as exc:
         if exc.errno not in FULL_OR_READ_ONLY:
