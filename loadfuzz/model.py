@@ -145,7 +145,8 @@ def parse_step(text: str, default: Flags, locate: Callable[[str], Path | None]) 
         return Step(kind, name, flags or default, found)
     path = Path(name).absolute()
     if not path.is_file():
-        raise UsageError(f"no such library: {name}")
+        raise UsageError(f"not a library file: {name}" if path.exists()
+                         else f"no such library: {name}")
     return Step(kind, str(path), flags or default, path)
 
 

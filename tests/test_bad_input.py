@@ -41,6 +41,7 @@ CASES = {
     "select nothing": (lambda f: ["matrix", "executorch", "--select", "nothing/*"],
                        "matches no library"),
     "run missing library": (lambda f: ["run", f / "libnope.so"], "no such library"),
+    "run a folder": (lambda f: ["run", f], "not a library file"),
     "timeout not a number": (lambda f: ["run", "--timeout", "nan", QUANTIZED], "--timeout"),
     "endless timeout": (lambda f: ["matrix", "executorch", "--timeout", "inf"], "at most"),
     "memory past any count": (lambda f: ["run", "--mem", str(1 << 44), QUANTIZED],
