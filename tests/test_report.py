@@ -106,6 +106,17 @@ def test_junit_stays_valid_xml_whatever_a_library_id_holds(tmp_path: Path) -> No
     assert f"{KQ} -> extra/plugin\\x01\\x1b[31m\\udcff.so @ global" in names
 
 
+def test_junit_escapes_exactly_the_characters_xml_cannot_carry() -> None:
+    def xml_char(c: int) -> bool:  # XML 1.0's Char production
+        return c in (0x9, 0xA, 0xD) or 0x20 <= c <= 0xD7FF or 0xE000 <= c <= 0xFFFD \
+            or 0x10000 <= c <= 0x10FFFF
+
+    kept = "".join(chr(c) for c in range(0x110000) if xml_char(c))
+    assert junit._x(kept) == kept
+    for c in (0x0, 0x8, 0xB, 0xC, 0x1F, 0xD800, 0xDFFF, 0xFFFE, 0xFFFF):
+        assert junit._x(chr(c)) == chr(c).encode("unicode_escape").decode("ascii")
+
+
 def test_junit_time_comes_from_the_trials_durations(tmp_path: Path) -> None:
     summary, trials = campaign()
     root = ET.parse(junit.write_junit(tmp_path, summary, trials)).getroot()
