@@ -8,14 +8,16 @@
  *
  *   parent -> server (--ctl FD), one message per trial:
  *       TRIAL <timeout_ms> <mem_mb> <at_exit> <nsteps> <workdir_len>\n<workdir bytes>
- *         at_exit 1: end with exit(), running atexit handlers and destructors;
+ *         at_exit 1: end as `python` ends (Py_FinalizeEx if it runs Python, then exit():
+ *         atexit handlers and destructors run);
  *         at_exit 0: end with _exit() once the last step is done (much faster
  *         when libtorch is loaded: its destructors take ~100 ms)
  *       then per step:  <g|l|y> <len>\n<bytes>
  *         g = dlopen RTLD_NOW|RTLD_GLOBAL, l = RTLD_NOW|RTLD_LOCAL,
  *         y = run the bytes as Python source in an interpreter this process embeds
  *             (initialised on first use as the program LOADFUZZ_PYTHON names, so that
- *             sys.path and site are that interpreter's); an exception fails the step
+ *             sys.path and site are that interpreter's), as `python -c` runs it: an
+ *             exception fails the step, SystemExit ends the process
  *   server -> parent (--status FD):
  *       READY <version> <pid> <out_total> <head_len> <tail_len>\n<head><tail>
  *                                                    once, after preloading; version is
@@ -79,7 +81,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define PROTOCOL_VERSION 4 /* docs/protocol.md; bump on any change to a message */
+#define PROTOCOL_VERSION 5 /* docs/protocol.md; bump on any change to a message */
 #define MAX_STEPS 256
 #define HEAD_CAP (16 * 1024)
 #define TAIL_CAP (48 * 1024)
@@ -198,10 +200,63 @@ static void set_error(struct trace *tr, const char *msg) {
     snprintf(tr->err, sizeof tr->err, "%s", msg ? msg : "unknown error");
 }
 
+/* The error a Python step reported: hex (so no byte of it can be lost on the way), decoded. */
+static void set_error_hex(struct trace *tr, const char *hex) {
+    size_t n = 0;
+    unsigned byte;
+    for (; hex[0] && hex[1] && n + 1 < ERR_CAP && sscanf(hex, "%2x", &byte) == 1; hex += 2)
+        tr->err[n++] = (char)byte;
+    tr->err[n] = '\0';
+}
+
+/* What runs a Python step's source, as `python -c SOURCE` would run it: compiled as
+ * "<string>", in __main__'s namespace (or, `in_main` 0, a server's preload: in one of its own,
+ * so that __main__ is left as a trial's cold run has it). SystemExit goes on to CPython,
+ * which finalizes and exits with its code as `python -c` does. Any other exception is
+ * printed by sys.excepthook, and the step's error is the last line CPython prints for it,
+ * then that of each exception in its chain (cause or context), one per line. */
+static const char PY_STEP[] =
+    "def _loadfuzz_step(code, main):\n"
+    "    import sys\n"
+    "    space = sys.modules['__main__'].__dict__ if main else {'__name__': '__loadfuzz__'}\n"
+    "    try:\n"
+    "        exec(compile(code, '<string>', 'exec'), space)\n"
+    "    except SystemExit:\n"
+    "        raise\n"
+    "    except BaseException as e:\n"
+    "        tb = e.__traceback__\n"
+    "        try:\n"
+    "            sys.excepthook(type(e), e, tb.tb_next if tb is not None else None)\n"
+    "        except BaseException:\n"
+    "            pass\n"
+    "        lines = []\n"
+    "        try:\n"
+    "            import traceback\n"
+    "            te = traceback.TracebackException(type(e), e, None, limit=0,\n"
+    "                                              lookup_lines=False, compact=True)\n"
+    "            while te is not None and len(lines) < 8:\n"
+    "                te.__notes__ = None\n"
+    "                lines.append(list(te.format_exception_only())[-1].rstrip('\\n'))\n"
+    "                te = te.__cause__ or (None if te.__suppress_context__ else te.__context__)\n"
+    "        except BaseException:\n"
+    "            lines = lines or ['an exception whose text could not be read']\n"
+    "        text = '\\n'.join(lines).replace('\\0', '\\\\x00')\n"
+    "        import os\n"
+    "        os.environ['LOADFUZZ_PY_ERROR'] = text.encode('utf-8', 'backslashreplace').hex()\n"
+    "    finally:\n" /* what Python printed is out before the step ends, as at a real exit */
+    "        for f in (sys.stdout, sys.stderr):\n"
+    "            try: f.flush()\n"
+    "            except BaseException: pass\n"
+    "try:\n"
+    "    _loadfuzz_step(bytes.fromhex('%s').decode('utf-8', 'surrogateescape'), %d)\n"
+    "finally:\n"
+    "    del _loadfuzz_step\n";
+
 /* Run Python source in an interpreter this process embeds, started on first use as
- * the program LOADFUZZ_PYTHON names (its sys.path, its site-packages and .pth files, as
- * `python -c` would have them). libpython must already be loaded RTLD_GLOBAL. */
-static int run_python(const char *source, struct trace *tr) {
+ * the program LOADFUZZ_PYTHON names (its sys.path, its site-packages and .pth files, its
+ * signal set-up and sys.argv, as `python -c` would have them). libpython must already be
+ * loaded RTLD_GLOBAL. `in_main`: run it in __main__ (a step), else apart (a preload). */
+static int run_python(const char *source, int in_main, struct trace *tr) {
     int (*is_init)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "Py_IsInitialized");
     void (*init)(int) = (void (*)(int))dlsym(RTLD_DEFAULT, "Py_InitializeEx");
     int (*run)(const char *) = (int (*)(const char *))dlsym(RTLD_DEFAULT, "PyRun_SimpleString");
@@ -215,32 +270,35 @@ static int run_python(const char *source, struct trace *tr) {
             void *wide = decode(program, NULL); /* kept: Python holds on to it */
             if (wide) set_name(wide);
         }
-        init(0);
-        run("import sys; sys.path.insert(0, '')"); /* the script's folder, as `python -c` has */
+        init(1); /* with the signal set-up of the python program: SIGPIPE and SIGXFSZ ignored */
+        /* the script's folder first on sys.path, and sys.argv, as `python -c` has them */
+        run("__import__('sys').path.insert(0, ''); __import__('sys').argv[:] = ['-c']");
     }
     /* The source goes in as hex, so no byte of it can break the wrapper around it. */
     size_t len = strlen(source);
-    char *code = malloc(2 * len + 1024);
-    if (!code) { set_error(tr, "out of memory"); return -1; }
-    int at = sprintf(code, "import os as _o, traceback as _t\n"
-                           "try:\n"
-                           "    exec(compile(bytes.fromhex('");
-    for (size_t i = 0; i < len; i++) at += sprintf(code + at, "%02x", (unsigned char)source[i]);
-    sprintf(code + at, "').decode('utf-8', 'surrogateescape'), '<loadfuzz step>', 'exec'),"
-        " {'__name__': '__loadfuzz__'})\n"
-        "except BaseException as _e:\n"
-        "    _t.print_exc()\n"
-        "    _o.environ['LOADFUZZ_PY_ERROR'] = f'{type(_e).__name__}: {_e}'\n"
-        "finally:\n" /* what Python printed is out before the step ends, as at a real exit */
-        "    import sys as _s\n"
-        "    for _f in (_s.stdout, _s.stderr):\n"
-        "        try: _f.flush()\n"
-        "        except BaseException: pass\n");
-    run(code);
+    char *hex = malloc(2 * len + 1), *code = malloc(2 * len + sizeof PY_STEP + 16);
+    if (!hex || !code) { free(hex); free(code); set_error(tr, "out of memory"); return -1; }
+    for (size_t i = 0; i < len; i++) sprintf(hex + 2 * i, "%02x", (unsigned char)source[i]);
+    hex[2 * len] = '\0';
+    sprintf(code, PY_STEP, hex, in_main);
+    unsetenv("LOADFUZZ_PY_ERROR");
+    int failed = run(code) != 0; /* the wrapper itself failed: it printed why */
+    free(hex);
     free(code);
     const char *err = getenv("LOADFUZZ_PY_ERROR");
-    if (err) { set_error(tr, err); return -1; }
+    if (err) { set_error_hex(tr, err); return -1; }
+    if (failed) { set_error(tr, "the step's Python exception could not be reported"); return -1; }
     return 0;
+}
+
+/* The status a process that ends now exits with, as `python` would end it: when this one
+ * runs Python, the interpreter is finalized first (threads joined, atexit handlers run;
+ * 120 when that fails, as CPython). */
+static int finalize_python(void) {
+    int (*is_init)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "Py_IsInitialized");
+    int (*finalize)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "Py_FinalizeEx");
+    if (!is_init || !finalize || !is_init()) return 0;
+    return finalize() < 0 ? 120 : 0;
 }
 
 /* The file the loader reports into when the harness runs with LD_DEBUG_OUTPUT
@@ -296,7 +354,7 @@ static int take_steps(const struct trial *t, struct trace *tr) {
         tr->stamp_ns = now_ns();
         tr->started = i + 1;
         if (s->mode == 'y') {
-            if (run_python(s->path, tr) < 0) return -1;
+            if (run_python(s->path, 1, tr) < 0) return -1;
         } else if (!dlopen(s->path, RTLD_NOW | (s->mode == 'g' ? RTLD_GLOBAL : RTLD_LOCAL))) {
             set_error(tr, dlerror());
             return -1;
@@ -311,7 +369,8 @@ static void run_child(const struct trial *t, struct trace *tr, int out_w) {
     enter_trial(t, tr, out_w, -1, -1);
     if (take_steps(t, tr) < 0) _exit(0);
     fflush(NULL);
-    if (t->at_exit) exit(0); /* atexit handlers and destructors run, as in a real process */
+    /* as a real process ends: Python finalized, then atexit handlers and destructors */
+    if (t->at_exit) exit(finalize_python());
     _exit(0);
 }
 
@@ -586,7 +645,7 @@ static void preload_python(const char *source, int status) {
     FILE *out = tmpfile();
     if (!out || saved[0] < 0 || saved[1] < 0 || dup2(fileno(out), 1) < 0 || dup2(fileno(out), 2) < 0)
         die("tmpfile");
-    int failed = run_python(source, &boot) < 0;
+    int failed = run_python(source, 0, &boot) < 0;
     if (dup2(saved[0], 1) < 0 || dup2(saved[1], 2) < 0) die("dup2");
     close(saved[0]);
     close(saved[1]);

@@ -88,8 +88,8 @@ def _plain_detail(outcome: Outcome, step: int | None, ev: Evidence, output: str)
     said = f": {said}" if said else ""
     if outcome is Outcome.TIMEOUT:
         return f"{'step ' + str(step) if step is not None else 'the exit'} ran past the time limit"
-    if outcome is Outcome.LOAD_ERROR:
-        return ev.error
+    if outcome is Outcome.LOAD_ERROR:  # its first line: the exception (then its chain)
+        return next((line for line in ev.error.splitlines() if line.strip()), "the step failed")
     if outcome is Outcome.ABORT:
         return f"aborted {where}{said}"
     if outcome is Outcome.CRASH:
@@ -109,7 +109,10 @@ def classify(ev: Evidence, catalogue: tuple[Signature, ...] | None = None) -> Ve
     output = ev.output.decode("utf-8", "replace")
     signature = op = None
     detail = ""
-    text = f"{ev.error}\n{output}" if ev.error else output
+    # A step that failed is named by its error alone (a Python step's: the exception, then its
+    # chain), never by what it printed before: a warning that mentions a missing module, say.
+    text = ev.error if outcome is Outcome.LOAD_ERROR else (
+        f"{ev.error}\n{output}" if ev.error else output)
     for sig in catalogue:
         if outcome in sig.when and (found := sig.search(text)):
             outcome, signature, (op, detail) = sig.outcome, sig.name, found

@@ -12,6 +12,7 @@ from its own folder, as `python` run in that folder would.
 from __future__ import annotations
 
 import importlib.machinery
+import keyword
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,12 +40,27 @@ def module_name(path: Path, search: Sequence[str]) -> tuple[str, Path | None]:
     return (best, None) if best is not None else (stem, path.parent)
 
 
+def dotted_name(name: str) -> bool:
+    """Whether an `import` statement can name this module (so that it is safe to write one)."""
+    return all(part.isidentifier() and not keyword.iskeyword(part) for part in name.split("."))
+
+
+def import_statement(name: str) -> str:
+    """`import NAME`, as `python -c` would run it (the harness runs a step in __main__, so
+    that warnings and frames are attributed as CPython attributes them); importlib's call for a
+    name no statement can say (a keyword, a file name that is no identifier)."""
+    if dotted_name(name):
+        return f"import {name}\n"
+    return f"__import__('importlib').import_module({name!r})\n"
+
+
+# The import of an extension module by file, then a check (that leaves no name behind) that it
+# found that very file.
 IMPORT = """\
-import importlib, os, sys
-{prefix}module = importlib.import_module({name!r})
-found = getattr(module, '__file__', None)
-if not found or not os.path.samefile(found, {path!r}):
-    raise ImportError(f'import {name} found {{found}}, not {path}')
+{prefix}{statement}_loadfuzz_found = getattr(__import__('sys').modules[{name!r}], '__file__', None)
+if not _loadfuzz_found or not __import__('os').path.samefile(_loadfuzz_found, {path!r}):
+    raise ImportError('import ' + {name!r} + ' found ' + str(_loadfuzz_found) + ', not ' + {path!r})
+del _loadfuzz_found
 """
 
 
@@ -53,11 +69,12 @@ def source(step: Step, reaches_torch: bool, search: Sequence[str]) -> str:
     with Flags.PYTHON: by torch.ops.load_library when it reaches torch, else ctypes.CDLL)."""
     path = os.fsdecode(step.path)
     if step.kind is StepKind.MODULE:
-        return f"import importlib\nimportlib.import_module({step.lib!r})\n"
+        return import_statement(step.lib)
     if step.kind is StepKind.IMPORT:
         name, folder = module_name(step.path, search)
-        prefix = f"sys.path.insert(0, {os.fsdecode(folder)!r})\n" if folder else ""
-        return IMPORT.format(prefix=prefix, name=name, path=path)
+        prefix = f"__import__('sys').path.insert(0, {os.fsdecode(folder)!r})\n" if folder else ""
+        return IMPORT.format(prefix=prefix, statement=import_statement(name), name=name,
+                             path=path)
     assert step.flags is Flags.PYTHON, "dlopen steps are not Python"
     if reaches_torch:
         return f"import torch\ntorch.ops.load_library({path!r})\n"
