@@ -23,9 +23,10 @@ from typing import Any
 
 from loadfuzz import plan
 from loadfuzz.baseline import Baseline
+from loadfuzz.classify import environment_signatures
 from loadfuzz.elf.read import BadElf, ElfReader
 from loadfuzz.expect import Expectation, classify_findings
-from loadfuzz.model import Flags, Key, Role, TrialRecord, UsageError, json_key, sequence_key, spell_sequence
+from loadfuzz.model import Flags, Key, Role, StepKind, TrialRecord, UsageError, json_key, sequence_key, spell_sequence
 from loadfuzz.predict import MOST_DISAGREEMENTS, shared_definitions
 from loadfuzz.results import LOCK, ResultsFolder, finished_summary
 from loadfuzz.search.shrink import Identity, simplicity
@@ -58,13 +59,21 @@ class ShardFolder:
 
 @dataclass(frozen=True)
 class Library:
-    """A library as `plan` needs it to rebuild a work list or step choices from its id alone.
-    Each counts as an extension, so `step_options` gives every one a `py:` choice last; only
-    an extension ever has such a step, and the order of the others is unchanged."""
+    """A library as `plan` needs it to rebuild a work list or step choices from its id and
+    role alone."""
 
     id: str
+    role: Role
     path: Path = Path()
-    role: Role = Role.PYTHON_EXTENSION
+
+
+def libraries_of(shards: Sequence[ShardFolder]) -> list[Library]:
+    """The campaign's libraries, as `plan` needs them: an extension module is one that some
+    trial imported (`plan` imports an extension under `python`, and only an extension)."""
+    imported = {step["lib"] for shard in shards for record in shard.trials
+                for step in record["sequence"] if step["kind"] == StepKind.IMPORT.value}
+    return [Library(lib, Role.PYTHON_EXTENSION if lib in imported else Role.OTHER)
+            for lib in shards[0].summary["libraries"]]
 
 
 def nowhere(lib: str) -> Path:
@@ -164,8 +173,7 @@ def check_out(out: Path) -> ResultsFolder:
 
 def matrix_records(shards: Sequence[ShardFolder]) -> list[dict[str, Any]]:
     """Every trial of the whole work list, in its order (plan.pairs over the libraries and flags)."""
-    summary = shards[0].summary
-    work = plan.pairs([Library(lib) for lib in summary["libraries"]], flags_of(summary))
+    work = plan.pairs(libraries_of(shards), flags_of(shards[0].summary))
     records = {key: record for shard in shards for key, record in shard.records().items()}
     return [records[key] for key in map(sequence_key, work) if key in records]
 
@@ -177,8 +185,7 @@ def flags_of(summary: Mapping[str, Any]) -> list[Flags]:
 def fuzz_findings(shards: Sequence[ShardFolder]) -> tuple[list[dict], list[dict]]:
     """One minimal finding per identity (the simplest the shards found), simplest first, and
     the `found` entry of each (from the shard that found it)."""
-    summary = shards[0].summary
-    options = plan.step_options([Library(lib) for lib in summary["libraries"]], flags_of(summary))
+    options = plan.step_options(libraries_of(shards), flags_of(shards[0].summary))
     best: dict[Identity, tuple[TrialRecord, dict, dict]] = {}
     for shard in shards:
         found = {json.dumps(f["sequence"]): f for f in shard.summary.get("found", [])}
@@ -194,13 +201,18 @@ def fuzz_findings(shards: Sequence[ShardFolder]) -> tuple[list[dict], list[dict]
 
 
 def classified(findings: Sequence[dict], entries: Iterable[Mapping[str, Any]]) -> dict[str, list]:
-    """"unexpected", "stale" and "expected" of the summary, by the expectations over the whole."""
+    """"unexpected", "stale" and "expected" of the summary, by the expectations over the whole,
+    and "environment": the problems of the environment, which never count (as in a campaign)."""
+    environmental = environment_signatures()
+    environment = [f for f in findings if f.get("signature") in environmental]
+    findings = [f for f in findings if f.get("signature") not in environmental]
     typed = [TrialRecord.from_json(finding, nowhere) for finding in findings]
     as_json = {id(record): finding for record, finding in zip(typed, findings, strict=True)}
     expected, unexpected, stale = classify_findings(typed, map(Expectation.from_json, entries))
     return {"unexpected": [as_json[id(r)] for r in unexpected],
             "stale": [entry.to_json() for entry in stale],
-            "expected": [{"record": as_json[id(r)], "why": entry.why} for r, entry in expected]}
+            "expected": [{"record": as_json[id(r)], "why": entry.why} for r, entry in expected],
+            "environment": environment}
 
 
 def throughput(shards: Sequence[ShardFolder], trials: int) -> float | None:
@@ -310,6 +322,7 @@ def merged_summary(shards: Sequence[ShardFolder], folders: Sequence[Path], out: 
     extra |= whole_campaign_views(shards, findings, records)
     summary = {
         "target": first["target"],
+        "targets": first.get("targets", []),
         "libraries": first["libraries"],
         "flags": first["flags"],
         "trials": len(records),
@@ -326,6 +339,7 @@ def merged_summary(shards: Sequence[ShardFolder], folders: Sequence[Path], out: 
         "preload": list(dict.fromkeys(p for shard in shards for p in shard.summary.get("preload", []))),
         "throughput": throughput(shards, len(records)),
         "disagreements": [d for shard in shards for d in shard.summary.get("disagreements", [])],
+        "environment": verdict["environment"],
         "servers": added(shard.summary.get("servers", {}) for shard in shards),
         "started": min(shard.summary["started"] for shard in shards),
         "finished": max(shard.summary["finished"] for shard in shards),

@@ -291,3 +291,35 @@ def test_a_pair_whose_two_modes_fell_to_different_shards_is_in_interposition(tmp
     assert summary["throughput"] == 10.0 and summary["servers"] == {"servers": 3}
     with pytest.raises(UsageError, match="already holds results"):
         merge.merge([tmp_path / f"s{k}" for k in (1, 2, 3)], tmp_path / "merged")
+
+
+@pytest.mark.parametrize("command", [
+    ("matrix", "--flags", "python"),
+    ("fuzz", "--flags", "python", "--budget", "3", "--seed", "1"),
+])
+def test_python_mode_shards_with_environment_problems_merge_into_the_whole_campaign(
+        tmp_path, command):
+    # an extension (imported) beside a plain library (loaded as Python loads it): two kinds of
+    # step under one flags mode; the extension's missing dependency is an environment problem
+    target = ("build/fixtures/environment",)
+    db = ("--db", tmp_path / "db") if command[0] == "fuzz" else ()
+
+    def campaign(out, *shard):
+        done = loadfuzz(command[0], *target, *command[1:], *db, *shard, "--out", out, "--json",
+                        cwd=ROOT)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    whole = campaign(tmp_path / "whole")
+    for k in (1, 2):
+        campaign(tmp_path / f"shard{k}", "--shard", f"{k}/2")
+    done = loadfuzz("merge", tmp_path / "shard1", tmp_path / "shard2", "--out",
+                    tmp_path / "merged", "--json")
+    merged = json.loads(done.stdout)
+    assert done.returncode == 0, done.stderr
+    assert whole["environment"] and merged["unexpected"] == whole["unexpected"] == []
+    assert verdicts(merged["environment"]) == verdicts(whole["environment"])
+    assert merged["targets"] == whole["targets"]
+    if command[0] == "matrix":
+        assert merged["trials"] == whole["trials"] == 2
+        assert sequences(tmp_path / "merged") == sequences(tmp_path / "whole")
