@@ -427,3 +427,14 @@ def test_a_repro_command_carries_the_limits_the_trial_ran_under():
     assert " --timeout 3 --mem 2048 --at-exit " in record.repro
     again = subprocess.run(record.repro, shell=True, capture_output=True, text=True)
     assert again.returncode == 0 and "outcome: clean" in again.stdout
+
+
+def test_json_output_is_utf8_whatever_bytes_a_path_holds(tmp_path):
+    folder = Path(os.fsdecode(bytes(tmp_path) + b"/u\xe9\xff"))
+    folder.mkdir()
+    library = folder / "libfx_clean.so"
+    library.write_bytes((FIXTURES / "hostile" / "libfx_clean.so").read_bytes())
+    done = subprocess.run([str(LOADFUZZ), "run", "--json", str(library)], capture_output=True)
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stdout.decode("utf-8"))  # strict: every byte is UTF-8
+    assert record["sequence"][0]["lib"] == str(library)  # the same path, as \udcXX escapes

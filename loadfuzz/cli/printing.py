@@ -20,8 +20,11 @@ if TYPE_CHECKING:  # only named in annotations: printing stays cheap to import
 
 
 def json_text(data: Any) -> str:
-    """JSON as every command prints it."""
-    return json.dumps(data, indent=2, ensure_ascii=False)
+    """JSON as every command prints it: UTF-8 whatever a path holds (a byte of a file name that
+    is not UTF-8 is a lone surrogate here, written as its `\\udcXX` escape, as in the results
+    folder's files)."""
+    text = json.dumps(data, indent=2, ensure_ascii=False)
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def print_json(data: Any) -> None:
