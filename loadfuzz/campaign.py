@@ -105,7 +105,7 @@ def prepare(settings: CampaignSettings, command: str, suffix: str = "",
     inv, libs = settings.target.load()
     expectations = settings.expectations()
     out = settings.out or default_out(inv.folder_name, suffix)
-    folder = ResultsFolder(out, settings.resume, inv.locate)
+    folder = ResultsFolder(out, settings.resume, inv.locate, resumable=command == "matrix")
     earlier = Baseline.read(baseline) if baseline is not None else None
     return Prepared(settings, command, inv, libs, expectations, folder, earlier)
 

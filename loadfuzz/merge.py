@@ -165,7 +165,7 @@ def check_out(out: Path) -> ResultsFolder:
     """The merged folder: none, or empty; UsageError if it holds results."""
     if out.is_dir() and any(p.name != LOCK for p in out.iterdir()):
         raise UsageError(f"--out {out} already holds results: give another --out")
-    return ResultsFolder(out, False, nowhere)
+    return ResultsFolder(out, False, nowhere, resumable=False)
 
 
 # --- the whole campaign -------------------------------------------------------------------

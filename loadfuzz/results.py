@@ -51,15 +51,19 @@ class ResultsFolder:
     bad input found before the campaign starts.
     """
 
-    def __init__(self, out: Path, resume: bool, locate: Callable[[str], Path]):
+    def __init__(self, out: Path, resume: bool, locate: Callable[[str], Path],
+                 resumable: bool = True):
+        """`resumable`: the command has a `--resume` (said when the folder is taken)."""
         self.out = out
+        self.taken = (f"{out} already holds results: pass "
+                      f"{'--resume or ' if resumable else ''}another --out")
         self.trials_path = out / "trials.jsonl"
         if resume and not self.trials_path.exists():
             raise UsageError(f"--resume: {out} holds no campaign (no trials.jsonl)")
         if out.exists() and not out.is_dir():
             raise UsageError(f"--out {out}: not a folder")
         if not resume and self.holds_results():
-            raise UsageError(f"{out} already holds results: pass --resume or another --out")
+            raise UsageError(self.taken)
         self.resume = resume
         self.done: dict[Key, TrialRecord] = {}
         if resume:
@@ -94,7 +98,7 @@ class ResultsFolder:
                              "another --out") from None
         if not self.resume and self.holds_results() and self.trials_path.exists():
             self.close()  # another campaign wrote here between our check and our lock
-            raise UsageError(f"{self.out} already holds results: pass --resume or another --out")
+            raise UsageError(self.taken)
         self._fd = os.open(self.trials_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
                            0o644)
 

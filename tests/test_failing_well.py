@@ -61,7 +61,7 @@ def test_a_full_disk_is_exit_3_with_one_line_whole_records_and_a_resume_that_fin
     assert lines[:len(kept)] == kept
 
 
-@pytest.mark.parametrize("how", ["no compiler", "no cache folder"])
+@pytest.mark.parametrize("how", ["no compiler", "a compiler that fails", "no cache folder"])
 def test_a_harness_that_cannot_be_built_is_exit_3_and_the_traceback_goes_to_error_log(
         tmp_path, how):
     blocker = tmp_path / "a file, not a folder"
@@ -71,6 +71,8 @@ def test_a_harness_that_cannot_be_built_is_exit_3_and_the_traceback_goes_to_erro
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "fresh cache"), "TMPDIR": str(scratch)}
     if how == "no compiler":
         env["CC"] = str(tmp_path / "no-such-cc")
+    elif how == "a compiler that fails":
+        env["CC"] = "false"  # says nothing, exits 1
     else:
         env["XDG_CACHE_HOME"] = str(blocker)
     out = tmp_path / "out"
@@ -82,6 +84,11 @@ def test_a_harness_that_cannot_be_built_is_exit_3_and_the_traceback_goes_to_erro
     assert "harness" in done.stderr and str(out / "error.log") in done.stderr
     assert "Traceback" in (out / "error.log").read_text()
     assert list(scratch.iterdir()) == []
+    if "compiler" in how:  # what to do about it
+        assert "set CC" in done.stderr
+    for report in ("report.md", "matrix.html"):  # a partial report does not call it clean
+        if (out / report).exists():
+            assert "no trial ran" in (out / report).read_text()
 
 
 def test_garbage_in_the_example_database_is_one_warning_and_the_campaign_goes_on(tmp_path):

@@ -157,6 +157,11 @@ def test_resume_needs_an_out_folder_and_a_used_out_folder_needs_resume(tmp_path)
     (tmp_path / "used" / "trials.jsonl").write_text("")
     done = loadfuzz("matrix", "executorch", "--out", tmp_path / "used")
     assert done.returncode == 2 and "already holds results" in done.stderr
+    assert "pass --resume or another --out" in done.stderr
+    # fuzz and repro have no --resume: they do not offer it
+    for command in (("fuzz", "executorch"), ("repro", "Re-registering a::b", "executorch")):
+        done = loadfuzz(*command, "--out", tmp_path / "used")
+        assert done.returncode == 2 and done.stderr.endswith("pass another --out\n"), done.stderr
 
 
 def test_a_pair_that_only_fails_under_global_names_the_symbols_both_define(tmp_path):

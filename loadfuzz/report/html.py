@@ -192,7 +192,7 @@ def target_starts(campaign: CampaignView, libraries: list[str]) -> set[int]:
 
 def _html_findings(campaign: CampaignView) -> str:
     if not campaign.findings:
-        return "<h2>Findings</h2><p>None: every trial was clean.</p>"
+        return f"<h2>Findings</h2><p>None: {campaign.no_findings()}.</p>"
     columns = ("#", "status", "outcome", "sequence (the step it ended in marked)", "detail", "why")
     rows = []
     new = {json_key(r) for r in (campaign.summary.get("baseline") or {}).get("new", [])}

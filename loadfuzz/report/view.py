@@ -79,11 +79,17 @@ class CampaignView:
         unexpected = sum(self.status(r) == "unexpected" for r in self.findings)
         stale = len(self.summary.get("stale", []))
         parts = [f"{count(len(self.findings), 'finding')}, {len(self.findings) - unexpected}"
-                 " of them expected" if self.findings else "every trial was clean"]
+                 " of them expected" if self.findings else self.no_findings()]
         if stale:
             parts.append(count(stale, "stale expectation"))
         head = count(unexpected, "unexpected finding") if unexpected else "Nothing unexpected"
         return f"{head}: " + ", ".join(parts)
+
+    def no_findings(self) -> str:
+        """What a campaign without findings says of its trials."""
+        if self.summary.get("incomplete"):  # stopped, or could not finish
+            return "every trial that ran was clean" if self.records else "no trial ran"
+        return "every trial was clean"
 
     def outcome_counts(self) -> Counter[str]:
         return Counter(r["outcome"] for r in self.records.values())

@@ -59,7 +59,9 @@ def harness_binary(strict: bool = False) -> Path:
                                   text=True)
             if done.returncode != 0:
                 first = next((line for line in done.stderr.splitlines() if line.strip()), "")
-                raise BuildFailed(f"cannot compile the harness with {compiler()}: {first}")
+                said = f": {first}" if first else f" (exit status {done.returncode})"
+                raise BuildFailed(f"cannot compile the harness with {compiler()}{said}; install "
+                                  "gcc, or set CC to a C compiler that works")
             os.replace(output, binary)
     except FileNotFoundError as exc:
         raise BuildFailed(f"cannot compile the harness: no C compiler ({exc.filename}); "
