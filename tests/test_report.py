@@ -367,6 +367,18 @@ def test_a_matrix_just_below_the_compact_size_keeps_every_cells_trial(tmp_path: 
     assert len(cells_of(page)) == rows * (matrix_html.COMPACT_FROM - 1)
 
 
+def test_a_shards_grid_per_flags_mode_has_the_rows_it_ran_in_that_mode() -> None:
+    libs = ["a", "b", "c"]
+    # a shard of consecutive pairs: the last row under global, the first under local
+    records = [record("c", "a", "global"), record("c", "b", "global"), record("a", "b", "local")]
+    summary = {"libraries": libs, "flags": ["global", "local"], "shard": "2/3"}
+    grid = matrix_text(summary, records).splitlines()
+    # each mode: its title, the column numbers, then one line per row ("  2    .  .     c")
+    assert [line.split(":")[0] for line in grid[0::3]] == ["global", "local"]
+    assert [grid[2].split(), grid[5].split()] == [["2", ".", ".", "c"], ["0", ".", "?", "a"]]
+    assert len(grid) == 6
+
+
 def test_a_shards_grids_show_the_rows_it_ran_and_a_whole_campaigns_every_row(
         tmp_path: Path) -> None:
     """A shard of a 400-library matrix holds two or three rows: its grids are those rows

@@ -108,18 +108,18 @@ def describe_run(record: TrialRecord) -> str:
 
 def matrix_text(summary: dict, records: Sequence[TrialRecord]) -> str:
     """The pair matrix on a terminal: one grid per flags mode, rows first, columns second;
-    a shard's grid has the rows it ran."""
+    a shard's grid has the rows it ran in that mode (`?`: a pair of such a row it did not)."""
     libs = summary["libraries"]
     cells = {(r.sequence[0].lib, r.sequence[1].lib, r.sequence[0].flags.value): r.outcome.value
              for r in records if len(r.sequence) == 2}
-    shown = {first for first, _, _ in cells} if summary.get("shard") else set(libs)
+    ran = {(first, mode) for first, _, mode in cells}
     legend = ", ".join(f"{glyph} {outcome}" for outcome, glyph in GLYPHS.items())
     lines = []
     for mode in summary["flags"]:
         lines.append(f"{mode}: row = loaded first, column = loaded second ({legend})")
         lines.append("     " + "".join(f"{n % 100:>3}" for n in range(len(libs))))
         for row, first in enumerate(libs):
-            if first not in shown:
+            if summary.get("shard") and (first, mode) not in ran:
                 continue
             marks = (" " if first == second else GLYPHS.get(cells.get((first, second, mode), ""), "?")
                      for second in libs)  # one character each, in a column three wide
