@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import site
 import sys
 import sysconfig
 from pathlib import Path
@@ -42,8 +43,19 @@ def libpython_path() -> Path | None:
 
 
 def python_paths() -> list[str]:
-    """The import path an embedded interpreter needs to see what this one sees."""
-    return [p for p in sys.path if p]
+    """The import path a trial's interpreter has, but for the '' it puts first (its own empty
+    folder): this interpreter's, without what only this process has (see "What a trial gets"):
+    the folder of its main script or the working folder that Python put first, PYTHONPATH's
+    entries and the user's site-packages (a trial's environment has neither)."""
+    only_here = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                 if p}
+    if site.ENABLE_USER_SITE:
+        only_here.add(os.path.abspath(site.getusersitepackages()))
+    script = os.path.dirname(os.path.abspath(sys.argv[0])) if sys.argv and sys.argv[0] else None
+    paths = list(sys.path)
+    if paths and paths[0] and os.path.abspath(paths[0]) in {script, os.getcwd()}:
+        paths = paths[1:]
+    return [p for p in paths if p and os.path.abspath(p) not in only_here]
 
 
 def cache_folder() -> Path:

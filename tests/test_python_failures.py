@@ -4,6 +4,7 @@ that an extension imports (`py:` takes an extension: `build/fixtures/pysteps/boo
 under each case's name), run once by loadfuzz and once by real CPython, and compared."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from support import FIXTURES, loadfuzz
+from support import FIXTURES, LOADFUZZ, loadfuzz
 
 BOOT = FIXTURES / "pysteps" / "boot.so"
 SUFFIX = ".cpython-311-x86_64-linux-gnu.so"
@@ -110,3 +111,20 @@ def test_a_missing_module_is_named_by_the_exception_chain_not_by_what_was_printe
 def test_without_at_exit_a_trial_ends_once_its_last_step_is_done(modules):
     assert run_case(modules, "atexit")["outcome"] == "clean"
     assert run_case(modules, "atexit", "--at-exit")["exit_code"] == 4
+
+
+@pytest.mark.parametrize("how", ["python -m loadfuzz in the parent folder", "PYTHONPATH"])
+def test_a_module_is_named_from_the_import_path_the_trial_has_not_loadfuzzs_own(tmp_path, how):
+    # the working folder (first on `python -m`'s path) and PYTHONPATH are loadfuzz's only: a
+    # trial has neither, so they must not name the module (`pkgdir.boot_argv` would not import)
+    (tmp_path / "pkgdir").mkdir()
+    module = tmp_path / "pkgdir" / f"boot_argv{SUFFIX}"
+    shutil.copyfile(BOOT, module)
+    (tmp_path / "pkgdir" / "case_argv.py").write_text(CASES["argv"])
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)} if how == "PYTHONPATH" else None
+    command = [sys.executable, "-m", "loadfuzz"] if how.startswith("python -m") else [LOADFUZZ]
+    done = subprocess.run([*map(str, command), "run", "--json", f"py:{module}"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120)
+    record = json.loads(done.stdout)
+    real = cpython(module.parent, "argv", tmp_path)  # its folder first: how a trial imports it
+    assert real.returncode == 0 and record["outcome"] == "clean", record["detail"]
