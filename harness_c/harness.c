@@ -200,6 +200,16 @@ static void set_error(struct trace *tr, const char *msg) {
     snprintf(tr->err, sizeof tr->err, "%s", msg ? msg : "unknown error");
 }
 
+/* The status a process that ends now exits with, as `python` would end it: when this one
+ * runs Python, the interpreter is finalized first (threads joined, atexit handlers run;
+ * 120 when that fails, as CPython). */
+static int finalize_python(void) {
+    int (*is_init)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "Py_IsInitialized");
+    int (*finalize)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "Py_FinalizeEx");
+    if (!is_init || !finalize || !is_init()) return 0;
+    return finalize() < 0 ? 120 : 0;
+}
+
 /* The error a Python step reported: hex (so no byte of it can be lost on the way), decoded. */
 static void set_error_hex(struct trace *tr, const char *hex) {
     size_t n = 0;
@@ -214,7 +224,8 @@ static void set_error_hex(struct trace *tr, const char *hex) {
  * so that __main__ is left as a trial's cold run has it). SystemExit goes on to CPython,
  * which finalizes and exits with its code as `python -c` does. Any other exception is
  * printed by sys.excepthook, and the step's error is the last line CPython prints for it,
- * then that of each exception in its chain (cause or context), one per line. */
+ * then that of each exception in its chain (cause or context), one per line; after a
+ * KeyboardInterrupt the process ends as python's does, by SIGINT. */
 static const char PY_STEP[] =
     "def _loadfuzz_step(code, main):\n"
     "    import sys\n"
@@ -229,6 +240,9 @@ static const char PY_STEP[] =
     "            sys.excepthook(type(e), e, tb.tb_next if tb is not None else None)\n"
     "        except BaseException:\n"
     "            pass\n"
+    "        if isinstance(e, KeyboardInterrupt):\n"
+    "            import os\n"
+    "            os.environ['LOADFUZZ_PY_SIGINT'] = '1'\n"
     "        lines = []\n"
     "        try:\n"
     "            import traceback\n"
@@ -285,20 +299,15 @@ static int run_python(const char *source, int in_main, struct trace *tr) {
     int failed = run(code) != 0; /* the wrapper itself failed: it printed why */
     free(hex);
     free(code);
+    if (getenv("LOADFUZZ_PY_SIGINT")) { /* as python ends on it: finalized, then by SIGINT */
+        finalize_python();
+        signal(SIGINT, SIG_DFL);
+        kill(getpid(), SIGINT);
+    }
     const char *err = getenv("LOADFUZZ_PY_ERROR");
     if (err) { set_error_hex(tr, err); return -1; }
     if (failed) { set_error(tr, "the step's Python exception could not be reported"); return -1; }
     return 0;
-}
-
-/* The status a process that ends now exits with, as `python` would end it: when this one
- * runs Python, the interpreter is finalized first (threads joined, atexit handlers run;
- * 120 when that fails, as CPython). */
-static int finalize_python(void) {
-    int (*is_init)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "Py_IsInitialized");
-    int (*finalize)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "Py_FinalizeEx");
-    if (!is_init || !finalize || !is_init()) return 0;
-    return finalize() < 0 ? 120 : 0;
 }
 
 /* The file the loader reports into when the harness runs with LD_DEBUG_OUTPUT

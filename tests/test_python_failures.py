@@ -37,6 +37,7 @@ CASES = {
     "depwarn": ("import os, warnings\nwarnings.showwarning = lambda *args, **kwargs: os._exit(9)\n"
                 "warnings.warn('case_depwarn is deprecated', DeprecationWarning, stacklevel=2)\n"),
     "atexit": "import atexit, os\natexit.register(lambda: os._exit(4))\n",
+    "kbint": "raise KeyboardInterrupt\n",  # python ends by SIGINT, after its traceback
     "thread": ("import os, threading, time\n"
                "threading.Thread(target=lambda: (time.sleep(0.2), os._exit(5))).start()\n"),
 }
