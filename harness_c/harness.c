@@ -535,8 +535,10 @@ static int same_file(int fd, const struct stat *was) {
 
 /* Why a process that took its prefix would not fork into a copy of itself, or NULL.
  * fork copies one thread, no child, no timer and no pending signal; each trial
- * enters a fresh working folder; the row server needs its pipes. */
-static const char *unsharable(const struct trial *t, const struct stat pipes[2]) {
+ * enters a fresh working folder; the row server needs its pipes; a descriptor the
+ * prefix opened would be shared by every trial (one file offset for all) where each
+ * cold run has its own, so `fds`, the count before the prefix, must not grow. */
+static const char *unsharable(const struct trial *t, const struct stat pipes[2], int fds) {
     char cwd[PATH_MAX], children[64];
     if (count_entries("/proc/self/task") != 1) return "the prefix started a thread";
     snprintf(children, sizeof children, "/proc/self/task/%d/children", (int)getpid());
@@ -556,6 +558,7 @@ static const char *unsharable(const struct trial *t, const struct stat pipes[2])
         return "the prefix changed its working folder";
     if (!same_file(3, &pipes[0]) || !same_file(4, &pipes[1]))
         return "the prefix touched the server's pipes";
+    if (count_entries("/proc/self/fd") != fds) return "the prefix left a file descriptor open";
     return NULL;
 }
 
@@ -569,8 +572,9 @@ static void run_row_server(const struct trial *t, struct trace *tr, int out_w, i
     if (fstat(ctl, &pipes[0]) < 0 || fstat(status, &pipes[1]) < 0) die("fstat");
     enter_trial(t, tr, out_w, ctl, status);
     prctl(PR_SET_CHILD_SUBREAPER, 1);
+    int fds = count_entries("/proc/self/fd");
     if (take_steps(t, tr) < 0) { tr->row = ROW_REFUSED; _exit(0); }
-    const char *why = unsharable(t, pipes);
+    const char *why = unsharable(t, pipes, fds);
     if (why) { set_error(tr, why); tr->row = ROW_REFUSED; _exit(0); }
     tr->row = ROW_READY;
     int null = open("/dev/null", O_WRONLY); /* the capture pipe closes: the server reads on */
@@ -703,7 +707,7 @@ static void usage(void) {
 int main(int argc, char **argv) {
     int ctl = -1, status = -1;
     long parent = 0;
-    int preloaded = 0;
+    int preloaded = 0, fds = count_entries("/proc/self/fd"); /* before any preload */
     /* No PR_SET_PDEATHSIG here: it fires when the parent *thread* exits, and
      * loadfuzz starts servers from worker threads. The parent's death shows
      * instead as a hang-up on the control pipe, watched during every trial. */
@@ -729,6 +733,10 @@ int main(int argc, char **argv) {
         } else usage();
     }
     if (ctl < 0 || status < 0) usage();
+    /* A descriptor a preload opened would be shared by every trial (one file offset for
+     * all), where each cold run opens its own: such a server does not serve. */
+    if (preloaded && count_entries("/proc/self/fd") != fds)
+        preload_error(status, "a preload left a file descriptor open");
     if (preloaded) huge_heap();
     if (parent && getppid() != (pid_t)parent) return 0; /* the parent died before we started */
     char head[128];

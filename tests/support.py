@@ -267,3 +267,36 @@ def cells_of(page: str) -> list[dict[str, str]]:
 
 def pair_key(first: str, second: str, flags: str) -> tuple:
     return tuple(("dlopen", lib, flags) for lib in (first, second))
+
+
+# --- an independent loader: what a plain process that dlopens the same files does ----------
+
+LOADER = r"""
+#include <dlfcn.h>
+#include <stdio.h>
+int main(int argc, char **argv) {  /* loader g:PATH l:PATH ...: dlopen each, RTLD_NOW */
+    for (int i = 1; i < argc; i++)
+        if (!dlopen(argv[i] + 2, RTLD_NOW | (argv[i][0] == 'g' ? RTLD_GLOBAL : RTLD_LOCAL))) {
+            fprintf(stderr, "%s\n", dlerror());
+            return 1;
+        }
+    return 0;
+}
+"""
+
+
+def build_loader(folder: Path) -> Path:
+    """The test's own loader (`loader g:PATH l:PATH ...`), built in `folder`."""
+    (folder / "loader.c").write_text(LOADER)
+    subprocess.run(["gcc", "-o", str(folder / "loader"), str(folder / "loader.c"), "-ldl"],
+                   check=True)
+    return folder / "loader"
+
+
+def build(folder: Path, name: str, source: str, *link: str) -> Path:
+    """lib<name>.so in `folder`, from C source; `link`: more gcc arguments (libraries)."""
+    (folder / f"{name}.c").write_text(source)
+    lib = folder / f"lib{name}.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(folder / f"{name}.c"),
+                    f"-L{folder}", "-Wl,-rpath,$ORIGIN", *link], check=True)
+    return lib

@@ -22,29 +22,14 @@ from loadfuzz.run.harness import Harness, HarnessDied, HarnessStep, Limits
 from loadfuzz.run.standins import StandIns
 from loadfuzz.run.tiers import Tiers
 from loadfuzz.run.trials import Trials, harness_steps
-from support import hostile, loadfuzz, processes_holding
+from support import build, build_loader, hostile, loadfuzz, processes_holding
 
-LOADER = r"""
-#include <dlfcn.h>
-#include <stdio.h>
-int main(int argc, char **argv) {  /* loader g:PATH l:PATH ...: dlopen each, RTLD_NOW */
-    for (int i = 1; i < argc; i++)
-        if (!dlopen(argv[i] + 2, RTLD_NOW | (argv[i][0] == 'g' ? RTLD_GLOBAL : RTLD_LOCAL))) {
-            fprintf(stderr, "%s\n", dlerror());
-            return 1;
-        }
-    return 0;
-}
-"""
 C_LIBRARY = re.compile(r"/(libc|libdl|libpthread|librt|libm)\.so|/ld-linux")
 
 
 @pytest.fixture(scope="module")
 def loader(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("loader")
-    (folder / "loader.c").write_text(LOADER)
-    subprocess.run(["gcc", "-o", str(folder / "loader"), str(folder / "loader.c"), "-ldl"], check=True)
-    return folder / "loader"
+    return build_loader(tmp_path_factory.mktemp("loader"))
 
 
 @pytest.fixture(scope="module")
@@ -179,15 +164,6 @@ def test_a_library_that_defines_a_name_libpython_defines_never_gets_libpython_fi
     assert {name: tiers.python_inert(seq) for name, seq in alone.items()} == {
         "libplain.so": True, "libshadow.so": False}
     assert not tiers.python_inert(alone["libplain.so"] + alone["libshadow.so"])
-
-
-def build(folder: Path, name: str, source: str, *link: str) -> Path:
-    """lib<name>.so in `folder`, from C source; `link`: more gcc arguments (libraries)."""
-    (folder / f"{name}.c").write_text(source)
-    lib = folder / f"lib{name}.so"
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(folder / f"{name}.c"),
-                    f"-L{folder}", "-Wl,-rpath,$ORIGIN", *link], check=True)
-    return lib
 
 
 # Aborts unless libpython is in the process; asks by a weak reference, so it loads either way.

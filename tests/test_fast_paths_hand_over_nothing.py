@@ -1,0 +1,101 @@
+"""A trial forked from a fork server or a row server gets nothing a cold run would not have.
+
+A clean verdict of a fast path is never run again cold, so each case here is a library whose
+order fails in a plain process while a fast path, left unchecked, would hand the trial
+something that makes it pass: a descriptor a preload or a row's first step opened (every
+trial would share it, where a cold run has its own). Every verdict of each matrix is checked
+against the test's own loader, one fresh process per pair."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from support import build, build_loader, loadfuzz
+
+# A runtime whose constructor opens its wake-up channel; a plugin that registers with it is
+# checked against the runtime's ABI only while that channel works (an ABI mismatch: abort).
+RUNTIME = r"""
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+static int wake = -1;
+__attribute__((constructor)) static void start(void) { wake = eventfd(0, EFD_CLOEXEC); }
+int fdrt_register(const char *abi) {
+    uint64_t one = 1;
+    if (write(wake, &one, sizeof one) != sizeof one) return -1; /* not running: no check */
+    if (strcmp(abi, "v1")) { fprintf(stderr, "fdrt: plugin ABI %s, runtime v1\n", abi); abort(); }
+    return 0;
+}
+"""
+# Finds the runtime in the process (a first step loaded it) and registers with it.
+LOOKUP = r"""
+#include <dlfcn.h>
+__attribute__((constructor)) static void plug(void) {
+    int (*reg)(const char *) = (int (*)(const char *))dlsym(RTLD_DEFAULT, "fdrt_register");
+    void *runtime = reg ? 0 : dlopen("libfdrt.so", RTLD_NOW | RTLD_NOLOAD);
+    if (runtime) reg = (int (*)(const char *))dlsym(runtime, "fdrt_register");
+    if (reg) reg("v2");
+}
+"""
+# Needs the runtime (a dependency outside the target, so a fork server preloads it).
+LINKED = r"""
+extern int fdrt_register(const char *abi);
+__attribute__((constructor)) static void plug(void) { fdrt_register("v2"); }
+"""
+
+
+@pytest.fixture(scope="module")
+def loader(tmp_path_factory) -> Path:
+    return build_loader(tmp_path_factory.mktemp("loader"))
+
+
+def plain_libraries(folder: Path, count: int) -> None:
+    for i in range(count):
+        build(folder, f"plain{i}", f"int plain{i}(void) {{ return {i}; }}\n")
+
+
+def matrix_agrees_with_the_loader(loader: Path, libs: Path, out: Path) -> dict[tuple, str]:
+    """Run the matrix of `libs` (global and local); check every verdict against the loader;
+    the verdicts by (first, second, flags)."""
+    done = loadfuzz("matrix", libs, "--flags", "global,local", "--out", out, "--json")
+    assert done.returncode in (0, 1), done.stderr
+    verdicts = {}
+    for record in map(json.loads, (out / "trials.jsonl").read_text().splitlines()):
+        steps = record["sequence"]
+        words = [f"{s['flags'][0]}:{libs / s['lib']}" for s in steps]
+        plain = subprocess.run([str(loader), *words], capture_output=True, timeout=60)
+        cold = {0: "clean", -6: "abort", 1: "load-error"}.get(plain.returncode, "?")
+        pair = (steps[0]["lib"], steps[1]["lib"], steps[0]["flags"])
+        assert record["outcome"] == cold, (pair, record["via"], record["detail"])
+        verdicts[pair] = cold
+    return verdicts
+
+
+def test_a_row_whose_first_step_opened_a_descriptor_is_not_shared(loader, tmp_path):
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    build(libs, "fdrt", RUNTIME, "-Wl,-soname,libfdrt.so")
+    build(libs, "lookup", LOOKUP)
+    plain_libraries(libs, 3)  # the runtime's row is long enough to be shared
+    verdicts = matrix_agrees_with_the_loader(loader, libs, tmp_path / "out")
+    assert verdicts[("libfdrt.so", "liblookup.so", "global")] == "abort"
+    assert verdicts[("libfdrt.so", "liblookup.so", "local")] == "abort"
+
+
+def test_a_dependency_that_opens_a_descriptor_is_not_preloaded(loader, tmp_path):
+    outside, libs = tmp_path / "outside", tmp_path / "libs"
+    outside.mkdir()
+    libs.mkdir()
+    build(outside, "fdrt", RUNTIME, "-Wl,-soname,libfdrt.so")
+    build(libs, "linked", LINKED, f"-L{outside}", "-lfdrt", f"-Wl,-rpath,{outside}")
+    plain_libraries(libs, 3)
+    verdicts = matrix_agrees_with_the_loader(loader, libs, tmp_path / "out")
+    assert verdicts[("liblinked.so", "libplain0.so", "global")] == "abort"
+    assert verdicts[("libplain0.so", "liblinked.so", "local")] == "abort"
