@@ -3,7 +3,8 @@
 A clean verdict of a fast path is never run again cold, so each case here is a library whose
 order fails in a plain process while a fast path, left unchecked, would hand the trial
 something that makes it pass: a descriptor a preload or a row's first step opened (every
-trial would share it, where a cold run has its own). Every verdict of each matrix is checked
+trial would share it, where a cold run has its own); libpython's own dependencies (its libm,
+put in the global scope with it, resolves a library that forgot `-lm`). Every verdict of each matrix is checked
 against the test's own loader, one fresh process per pair."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from loadfuzz import hostenv
 from support import build, build_loader, loadfuzz
 
 # A runtime whose constructor opens its wake-up channel; a plugin that registers with it is
@@ -61,15 +63,19 @@ def plain_libraries(folder: Path, count: int) -> None:
         build(folder, f"plain{i}", f"int plain{i}(void) {{ return {i}; }}\n")
 
 
-def matrix_agrees_with_the_loader(loader: Path, libs: Path, out: Path) -> dict[tuple, str]:
-    """Run the matrix of `libs` (global and local); check every verdict against the loader;
-    the verdicts by (first, second, flags)."""
+def matrix_agrees_with_the_loader(loader: Path, libs: Path, out: Path,
+                                  need_python: tuple[str, ...] = ()) -> dict[tuple, str]:
+    """Run the matrix of `libs` (global and local); check every verdict against the loader
+    (libpython first, global, for a pair with a library of `need_python`, as a Python process
+    has it); the verdicts by (first, second, flags)."""
     done = loadfuzz("matrix", libs, "--flags", "global,local", "--out", out, "--json")
     assert done.returncode in (0, 1), done.stderr
     verdicts = {}
     for record in map(json.loads, (out / "trials.jsonl").read_text().splitlines()):
         steps = record["sequence"]
         words = [f"{s['flags'][0]}:{libs / s['lib']}" for s in steps]
+        if any(s["lib"] in need_python for s in steps):
+            words.insert(0, f"g:{hostenv.libpython_path()}")
         plain = subprocess.run([str(loader), *words], capture_output=True, timeout=60)
         cold = {0: "clean", -6: "abort", 1: "load-error"}.get(plain.returncode, "?")
         pair = (steps[0]["lib"], steps[1]["lib"], steps[0]["flags"])
@@ -99,3 +105,27 @@ def test_a_dependency_that_opens_a_descriptor_is_not_preloaded(loader, tmp_path)
     verdicts = matrix_agrees_with_the_loader(loader, libs, tmp_path / "out")
     assert verdicts[("liblinked.so", "libplain0.so", "global")] == "abort"
     assert verdicts[("libplain0.so", "liblinked.so", "local")] == "abort"
+
+
+# Calls cos() but was linked without -lm: it loads only where something put libm in the
+# global scope first, as libpython (which needs libm) does when loaded RTLD_GLOBAL.
+UNDERLINKED = r"""
+#include <math.h>
+volatile double angle = 0.5, cosine;
+__attribute__((constructor)) static void start(void) { cosine = cos(angle); }
+"""
+
+
+def test_a_library_that_libpythons_libm_would_resolve_does_not_join_a_python_row(
+        loader, tmp_path):
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    build(libs, "under", UNDERLINKED, "-fno-builtin")
+    for i in range(2):  # their rows have libpython first, RTLD_GLOBAL
+        build(libs, f"py{i}", f"extern int Py_IsInitialized(void);\n"
+              f"int py{i}(void) {{ return Py_IsInitialized(); }}\n")
+    plain_libraries(libs, 2)
+    verdicts = matrix_agrees_with_the_loader(loader, libs, tmp_path / "out",
+                                             need_python=("libpy0.so", "libpy1.so"))
+    assert verdicts[("libplain0.so", "libunder.so", "global")] == "load-error"
+    assert verdicts[("libpy0.so", "libunder.so", "global")] == "clean"

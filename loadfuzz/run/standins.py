@@ -41,7 +41,7 @@ import collections
 import itertools
 import re
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,9 +85,14 @@ class Load:
 class StandIns:
     """The stand-in decisions for one campaign's link map; safe to use from several threads."""
 
-    def __init__(self, link_map: LinkMap, candidates: Iterable[Path]):
-        """`candidates`: the libraries that may stand in (the campaign's, by path)."""
+    def __init__(self, link_map: LinkMap, candidates: Iterable[Path],
+                 python_brings: Callable[[], Sequence[ElfFacts]] = tuple):
+        """`candidates`: the libraries that may stand in (the campaign's, by path);
+        `python_brings`: what loading libpython maps besides itself and what every harness
+        process has (libm), asked the first time `avoids_python` needs it."""
         self.map = link_map
+        self._python_brings = python_brings
+        self._brought: tuple[ElfFacts, ...] | None = None
         self.facts = {facts.identity: facts for facts in link_map.files.values()}
         self.by_path = {path: facts for path, facts in link_map.files.items()}
         wanted = {Path(path) for path in candidates}
@@ -180,14 +185,29 @@ class StandIns:
 
     def avoids_python(self, path: Path) -> bool:
         """Whether no object dlopen(path) can map (its closure) defines or references a name
-        libpython could define; False for a file the model lacks. CPython exports nothing
-        but names that begin with `Py` or `_Py` (its build checks it: Tools/build/smelly.py)."""
+        libpython could define (CPython exports nothing but names that begin with `Py` or
+        `_Py`: its build checks it, Tools/build/smelly.py), nor one that an object libpython
+        brings along (its libm) defines and the C library does not, unless the closure maps
+        that very object itself: loaded RTLD_GLOBAL, libpython puts them all in the global
+        scope, where they would resolve a library that forgot `-lm`. False for a file the
+        model lacks."""
         key = ("avoids python", path)
         with self._lock:
             if key in self._cache:
                 return self._cache[key] is not None
+            if self._brought is None:
+                self._brought = tuple(self._python_brings())
+            brought = self._brought
         facts = self.by_path.get(path)
-        clear = facts is not None and not any(map(self.names_python, self.map.search_list(facts)[0]))
+        order = self.map.search_list(facts)[0] if facts is not None else []
+        mapped = {obj.identity for obj in order}
+        everywhere = frozenset().union(*(self.facts[key].defines for key in self.first))
+        foreign = frozenset(name for obj in brought if obj.identity not in mapped
+                            for name in obj.defines if name not in everywhere
+                            and name not in RESERVED and not VERSION_TAG.fullmatch(name))
+        clear = facts is not None and not any(map(self.names_python, order)) and all(
+            foreign.isdisjoint(names) for obj in order
+            for names in (obj.defines, obj.undefined, obj.weak))
         with self._lock:
             self._cache[key] = path if clear else None
         return clear

@@ -43,12 +43,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loadfuzz import hostenv
-from loadfuzz.elf.loader import LinkMap
+from loadfuzz.elf.cache import ElfCache
+from loadfuzz.elf.loader import LinkMap, SearchPath, link_all
+from loadfuzz.elf.read import BadElf, ElfFacts, ElfReader
 from loadfuzz.inventory import Library
 from loadfuzz.model import Flags, Step, StepKind
 from loadfuzz.model import Sequence as Steps
 from loadfuzz.run.harness import HarnessStep
-from loadfuzz.run.standins import HEAVY_BYTES, StandIns
+from loadfuzz.run.standins import HEAVY_BYTES, STARTS_LOADED, StandIns
 
 LIGHT, PYTHON, HEAVY = 0, 1, 2
 # The C library and the loader: already in every harness process.
@@ -113,7 +115,8 @@ class Tiers:
         chosen = libraries if servers_for is None else tuple(servers_for)
         preloads = tuple(preload_for([lib for lib in chosen if tier_of(lib) <= level])
                          for level in (LIGHT, PYTHON, HEAVY))
-        standins = StandIns(link_map, [lib.path for lib in chosen]) if link_map else None
+        standins = StandIns(link_map, [lib.path for lib in chosen],
+                            python_brings) if link_map else None
         return cls(frozenset(lib.path for lib in libraries if lib.needs_python),
                    {lib.path: tier_of(lib) for lib in chosen}, preloads, standins)
 
@@ -166,6 +169,21 @@ class Tiers:
             if (follow := model.choose(state, steps[prelude + 1])) is not None:
                 hidden, costly = (HarnessStep("l", follow),), True
         return Route(preload, prefix, hidden, tier, costly)
+
+
+def python_brings() -> list[ElfFacts]:
+    """What loading libpython maps besides itself and what every harness process has (the C
+    library and the loader): its libm. Read through the ELF cache."""
+    libpython = hostenv.libpython_path()
+    if libpython is None:
+        return []
+    reader = ElfReader(ElfCache.default())
+    try:
+        facts = reader.facts(libpython)
+        order = link_all([facts], reader, SearchPath.for_trials()).search_list(facts)[0]
+    except BadElf:
+        return []
+    return [obj for obj in order[1:] if not obj.path.name.startswith(STARTS_LOADED)]
 
 
 NO_TIERS = Tiers(frozenset(), {}, ((), (), ()))
