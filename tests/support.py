@@ -293,10 +293,12 @@ def build_loader(folder: Path) -> Path:
     return folder / "loader"
 
 
-def build(folder: Path, name: str, source: str, *link: str) -> Path:
-    """lib<name>.so in `folder`, from C source; `link`: more gcc arguments (libraries)."""
-    (folder / f"{name}.c").write_text(source)
+def build(folder: Path, name: str, source: str, *link: str, cxx: bool = False) -> Path:
+    """lib<name>.so in `folder`, from C source (C++ with `cxx`); `link`: more arguments
+    (libraries)."""
+    source_file = folder / f"{name}.{'cc' if cxx else 'c'}"
+    source_file.write_text(source)
     lib = folder / f"lib{name}.so"
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(folder / f"{name}.c"),
+    subprocess.run(["g++" if cxx else "gcc", "-shared", "-fPIC", "-o", str(lib), str(source_file),
                     f"-L{folder}", "-Wl,-rpath,$ORIGIN", *link], check=True)
     return lib

@@ -4,7 +4,8 @@ A clean verdict of a fast path is never run again cold, so each case here is a l
 order fails in a plain process while a fast path, left unchecked, would hand the trial
 something that makes it pass: a descriptor a preload or a row's first step opened (every
 trial would share it, where a cold run has its own); libpython's own dependencies (its libm,
-put in the global scope with it, resolves a library that forgot `-lm`). Every verdict of each matrix is checked
+put in the global scope with it, resolves a library that forgot `-lm`); a C++ runtime bound
+before a library that replaces its operator new was there. Every verdict of each matrix is checked
 against the test's own loader, one fresh process per pair."""
 
 from __future__ import annotations
@@ -129,3 +130,48 @@ def test_a_library_that_libpythons_libm_would_resolve_does_not_join_a_python_row
                                              need_python=("libpy0.so", "libpy1.so"))
     assert verdicts[("libplain0.so", "libunder.so", "global")] == "load-error"
     assert verdicts[("libpy0.so", "libunder.so", "global")] == "clean"
+
+
+# A C library that exports operator new (as a bundled allocator does): in scope before
+# libstdc++ is relocated, it is the operator new libstdc++ calls.
+OWN_NEW = r"""
+#include <stdlib.h>
+#include <unistd.h>
+void *_Znwm(unsigned long size) {
+    static const char said[] = "ownnew: operator new called: heap mismatch\n";
+    write(2, said, sizeof said - 1);
+    abort();
+}
+"""
+# An ordinary C++ library whose constructor makes libstdc++ allocate.
+CXX_USER = r"""
+#include <string>
+__attribute__((constructor)) static void start() { std::string s; s.reserve(1000); }
+"""
+# A C++ library with its own operator new, not ready before its constructor ran.
+SELF_NEW = r"""
+#include <cstdio>
+#include <cstdlib>
+#include <new>
+#include <string>
+static bool ready;
+void *operator new(std::size_t size) {
+    if (!ready) { std::fputs("selfnew: allocator used too early\n", stderr); std::abort(); }
+    return std::malloc(size);
+}
+__attribute__((constructor(101))) static void start() { std::string s; s.reserve(1000); ready = true; }
+"""
+
+
+def test_a_library_that_replaces_operator_new_is_not_run_beside_a_preloaded_cxx_runtime(
+        loader, tmp_path):
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    build(libs, "ownnew", OWN_NEW)
+    build(libs, "cxxuser", CXX_USER, cxx=True)  # its libstdc++ makes the light tier preload it
+    build(libs, "selfnew", SELF_NEW, cxx=True)
+    plain_libraries(libs, 2)
+    verdicts = matrix_agrees_with_the_loader(loader, libs, tmp_path / "out")
+    assert verdicts[("libownnew.so", "libcxxuser.so", "global")] == "abort"
+    assert verdicts[("libselfnew.so", "libplain0.so", "local")] == "abort"
+    assert verdicts[("libcxxuser.so", "libplain0.so", "global")] == "clean"

@@ -70,6 +70,9 @@ class ElfFacts:
     undefined: frozenset[str] = field(repr=False)  # strong undefined dynamic symbols
     # weak undefined ones: bound where a definition is in scope, else left null (never an error)
     weak: frozenset[str] = field(repr=False)
+    # the exported definitions bound STB_GLOBAL: a copy a library means to be the one (malloc,
+    # operator new), where a weak one is an inline or template instance any copy may stand for
+    strong: frozenset[str] = field(repr=False, default=frozenset())
     exports_api: bool = False  # a global function (C or C++) outside the C++ standard library
 
     def binds_to_itself(self, symbol: str) -> bool:
@@ -200,6 +203,7 @@ def parse_facts(path: Path, elf: ELFFile, size: int, host: Machine) -> ElfFacts:
         protected=frozenset(s.name for s in symbols if s.exported and s.visibility == STV_PROTECTED),
         undefined=undefined,
         weak=weak,
+        strong=frozenset(s.name for s in symbols if s.exported and s.bind == STB_GLOBAL),
         exports_api=any(s.exported and s.bind == STB_GLOBAL and s.kind == STT_FUNC
                         and not s.name.startswith(STD_PREFIXES) and s.name not in LOADER_HOOKS
                         for s in symbols),

@@ -140,10 +140,16 @@ class Tiers:
 
     def preload(self, seq: Steps, python: bool = False) -> tuple[HarnessStep, ...]:
         """What the server a trial forks from has preloaded: the lightest tier that will do
-        (`python`: one that has libpython, for a sequence run with libpython first)."""
+        (`python`: one that has libpython, for a sequence run with libpython first); nothing
+        when one of the sequence's libraries would interpose on a preloaded library
+        (`StandIns.interposes`)."""
         level = max((self.tiers.get(step.path, HEAVY) for step in seq
                      if step.kind is not StepKind.MODULE), default=LIGHT)
-        return self.preloads[max(level, PYTHON) if python else level]
+        tier = self.preloads[max(level, PYTHON) if python else level]
+        paths = [step.path for step in seq if step.kind is not StepKind.MODULE]
+        if tier and self.standins is not None and self.standins.interposes(tier, paths):
+            return ()  # a library of the trial would interpose on a preloaded one: nothing
+        return tier
 
 
     def route(self, seq: Steps, steps: Sequence[HarnessStep], prelude: int,
