@@ -64,10 +64,16 @@ class Consulted:
     """The paths a derivation looked at (mutable; one per derivation, never shared)."""
 
     paths: set[str] = field(default_factory=set)
+    read: set[str] = field(default_factory=set)  # those of them that were there and were read
 
     def note(self, path: Path | str) -> None:
         """A file read or a folder listed or searched: the result depends on its state."""
         self.paths.add(os.path.abspath(path))
+
+    def note_read(self, path: Path | str) -> None:
+        """A file that was there and was read: a result is not kept if it is gone by then."""
+        self.note(path)
+        self.read.add(os.path.abspath(path))
 
     def note_import_path(self) -> None:
         """`sys.path`'s folders: which distributions and packages are installed."""
@@ -134,6 +140,8 @@ class DerivedCache:
         `started_ns` (`time.time_ns()` before the derivation began) on; not when a path
         changed since a moment before it began (see the module doc)."""
         witnesses = tuple((path, identity(path)) for path in sorted(consulted.paths))
+        if any(path in consulted.read and not any(seen) for path, seen in witnesses):
+            return  # a file read was removed meanwhile: its absence would match next time
         newest = max((max(stat[3], stat[4]) for pair in witnesses for stat in pair[1] if stat),
                      default=0)
         if newest >= started_ns - self.settle_ns or time.time_ns() < started_ns:

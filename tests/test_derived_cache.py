@@ -154,6 +154,52 @@ def test_a_result_of_files_changed_a_moment_ago_is_not_kept(tmp_path):
     assert cache.get(key) is None
 
 
+def test_an_egg_info_distributions_metadata_is_watched(scans, tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    (site / "eggdist").mkdir(parents=True)
+    shutil.copyfile(CORPUS / "libcz_solo.so", site / "eggdist" / "libsolo.so")
+    shutil.copyfile(CORPUS / "libcz_pair_a.so", site / "eggdist" / "libpair.so")
+    info = site / "eggdist.egg-info"
+    info.mkdir()
+    (info / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: eggdist\nVersion: 1.0\n")
+    (info / "SOURCES.txt").write_text("eggdist/libsolo.so\neggdist/libpair.so\n")
+    monkeypatch.syspath_prepend(str(site))
+    before, _ = scans("eggdist")
+    assert before["version"] == "1.0" and len(before["libraries"]) == 2
+    (info / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: eggdist\nVersion: 2.0\n")
+    (info / "SOURCES.txt").write_text("eggdist/libsolo.so\n")
+    after, read_files = scans("eggdist")
+    assert read_files and after["version"] == "2.0"
+    assert [lib["id"] for lib in after["libraries"]] == ["libsolo.so"]
+
+
+def test_a_result_derived_from_a_file_removed_meanwhile_is_not_kept(tmp_path):
+    cache = DerivedCache(tmp_path / "derived", settle_ns=0)
+    gone = tmp_path / "gone.so"
+    gone.write_bytes(b"read, then removed before the result was kept")
+    consulted = Consulted()
+    consulted.note_read(gone)
+    gone.unlink()  # next time it is still missing: that must not match "unchanged"
+    key = cache.key("test", ("gone",))
+    cache.keep(key, consulted, started_ns=time.time_ns(), result="says gone.so is there")
+    assert cache.get(key) is None
+    consulted.read.clear()  # a path only looked for, not found: its absence is a witness
+    cache.keep(key, consulted, started_ns=time.time_ns(), result="gone.so is not there")
+    assert cache.get(key) == "gone.so is not there"
+
+
+def test_a_wildcard_in_a_folder_of_an_ld_so_conf_include_is_watched(tmp_path):
+    from loadfuzz.elf.loader import ld_so_conf
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()  # no x.conf yet: one written here later changes the search
+    (tmp_path / "main.conf").write_text(f"include {tmp_path}/*/x.conf\n")
+    (tmp_path / "a" / "x.conf").write_text(f"{tmp_path}/libs\n")
+    seen: set[Path] = set()
+    assert ld_so_conf(tmp_path / "main.conf", seen) == [tmp_path / "libs"]
+    assert {tmp_path, tmp_path / "a", tmp_path / "b"} <= seen
+
+
 def test_torn_or_foreign_entries_are_ignored(tmp_path):
     cache = DerivedCache(tmp_path / "derived", settle_ns=0)
     key = cache.key("test", ("words",))

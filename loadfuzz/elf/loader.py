@@ -39,7 +39,13 @@ def ld_so_conf(path: Path = Path("/etc/ld.so.conf"), seen: set[Path] | None = No
         if line.startswith("include"):
             pattern = line.split(None, 1)[1] if " " in line or "\t" in line else ""
             pattern = pattern if pattern.startswith("/") else str(path.parent / pattern)
-            seen.add(Path(pattern).parent)
+            # the folders the pattern lists, and where a wildcard in a folder name looks
+            folder = Path(pattern).parent
+            seen.add(folder)
+            seen.update(Path(found) for found in glob.glob(str(folder)))
+            while glob.has_magic(str(folder)) and folder != folder.parent:
+                folder = folder.parent
+                seen.add(folder)
             for included in sorted(glob.glob(pattern)):
                 folders += ld_so_conf(Path(included), seen)
         elif line and not line.startswith("hwcap"):

@@ -117,6 +117,8 @@ class ElfReader:
             try:
                 self._facts[path] = (self.cache.facts(path, self.host) if self.cache
                                      else read_facts(path, self.host))
+                if self.consulted is not None:
+                    self.consulted.note_read(path)
             except BadElf as exc:
                 self._facts[path] = exc
         found = self._facts[path]
