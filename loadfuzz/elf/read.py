@@ -72,7 +72,7 @@ class ElfFacts:
     weak: frozenset[str] = field(repr=False)
     # the exported definitions bound STB_GLOBAL: a copy a library means to be the one (malloc,
     # operator new), where a weak one is an inline or template instance any copy may stand for
-    strong: frozenset[str] = field(repr=False, default=frozenset())
+    strong: frozenset[str] = field(repr=False)
     exports_api: bool = False  # a global function (C or C++) outside the C++ standard library
 
     def binds_to_itself(self, symbol: str) -> bool:

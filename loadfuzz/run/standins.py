@@ -95,7 +95,8 @@ class StandIns:
         process has (libm), asked the first time `avoids_python` needs it."""
         self.map = link_map
         self._python_brings = python_brings
-        self._brought: tuple[ElfFacts, ...] | None = None
+        # per object libpython brings: the names it would add to the global scope
+        self._brought: tuple[tuple[Key, frozenset[str]], ...] | None = None
         self.facts = {facts.identity: facts for facts in link_map.files.values()}
         self.by_path = {path: facts for path, facts in link_map.files.items()}
         wanted = {Path(path) for path in candidates}
@@ -200,15 +201,17 @@ class StandIns:
             if key in self._cache:
                 return self._cache[key] is not None
             if self._brought is None:
-                self._brought = tuple(self._python_brings())
+                everywhere = frozenset().union(*(self.facts[k].defines for k in self.first))
+                self._brought = tuple(
+                    (obj.identity, frozenset(name for name in obj.defines - everywhere
+                                             if name not in RESERVED
+                                             and not VERSION_TAG.fullmatch(name)))
+                    for obj in self._python_brings())
             brought = self._brought
         facts = self.by_path.get(path)
         order = self.map.search_list(facts)[0] if facts is not None else []
         mapped = {obj.identity for obj in order}
-        everywhere = frozenset().union(*(self.facts[key].defines for key in self.first))
-        foreign = frozenset(name for obj in brought if obj.identity not in mapped
-                            for name in obj.defines if name not in everywhere
-                            and name not in RESERVED and not VERSION_TAG.fullmatch(name))
+        foreign = frozenset().union(*(names for key, names in brought if key not in mapped))
         clear = facts is not None and not any(map(self.names_python, order)) and all(
             foreign.isdisjoint(names) for obj in order
             for names in (obj.defines, obj.undefined, obj.weak))
@@ -230,8 +233,7 @@ class StandIns:
         wheel's AOT libraries carry both): copies of the same code, left to the cold
         confirmation of findings; and a preloaded object's calls to other names it defines
         itself (the ELF facts hold no relocations)."""
-        sensitive = self._replaced_on_purpose(tuple(preload))
-        return any(self._defines_any(sensitive, preload, path) for path in paths)
+        return any(self._defines_replaced(tuple(preload), path) for path in paths)
 
     def _replaced_on_purpose(self, preload: tuple[HarnessStep, ...]) -> frozenset[str]:
         """The names of `interposes` for this preload: the replaceable allocation functions
@@ -248,11 +250,11 @@ class StandIns:
             self._names[key] = names
         return names
 
-    def _defines_any(self, names: frozenset[str], preload: Sequence[HarnessStep],
-                     path: Path) -> bool:
+    def _defines_replaced(self, preload: tuple[HarnessStep, ...], path: Path) -> bool:
         """Whether an object dlopen(path) maps after this preload strongly defines one of the
-        names (True for a library the model lacks)."""
-        key = ("defines any", tuple(preload), path)
+        preload's `_replaced_on_purpose` names (True for a library the model lacks)."""
+        names = self._replaced_on_purpose(preload)
+        key = ("defines replaced", preload, path)
         with self._lock:
             if key in self._cache:
                 return self._cache[key] is not None
