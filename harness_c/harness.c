@@ -240,8 +240,8 @@ static const char PY_STEP[] =
     "            sys.excepthook(type(e), e, tb.tb_next if tb is not None else None)\n"
     "        except BaseException:\n"
     "            pass\n"
+    "        import os\n"
     "        if isinstance(e, KeyboardInterrupt):\n"
-    "            import os\n"
     "            os.environ['LOADFUZZ_PY_SIGINT'] = '1'\n"
     "        lines = []\n"
     "        try:\n"
@@ -255,7 +255,6 @@ static const char PY_STEP[] =
     "        except BaseException:\n"
     "            lines = lines or ['an exception whose text could not be read']\n"
     "        text = '\\n'.join(lines).replace('\\0', '\\\\x00')\n"
-    "        import os\n"
     "        os.environ['LOADFUZZ_PY_ERROR'] = text.encode('utf-8', 'backslashreplace').hex()\n"
     "    finally:\n" /* what Python printed is out before the step ends, as at a real exit */
     "        for f in (sys.stdout, sys.stderr):\n"
@@ -296,6 +295,7 @@ static int run_python(const char *source, int in_main, struct trace *tr) {
     hex[2 * len] = '\0';
     sprintf(code, PY_STEP, hex, in_main);
     unsetenv("LOADFUZZ_PY_ERROR");
+    unsetenv("LOADFUZZ_PY_SIGINT");
     int failed = run(code) != 0; /* the wrapper itself failed: it printed why */
     free(hex);
     free(code);

@@ -161,17 +161,18 @@ def note_metadata(dist: importlib.metadata.Distribution, recorded: list[tuple[st
     """Note the files of a distribution's metadata folder (its RECORD and METADATA among
     them, or an .egg-info's PKG-INFO and SOURCES.txt) and that folder: what says which files
     it has, and its name and version."""
-    for parts in recorded:
-        if len(parts) == 2 and parts[0].endswith(".dist-info"):
-            path = Path(dist.locate_file(str(PurePosixPath(*parts))))
-            consulted.note(path)
-            consulted.note(path.parent)
-    # where importlib.metadata read it (an .egg-info lists none of its own files)
+    # where importlib.metadata read it, when it says (an .egg-info lists none of its own files)
     folder = getattr(dist, "_path", None)
     if folder is not None and Path(folder).is_dir():
         consulted.note(folder)
         for path in Path(folder).iterdir():
             consulted.note(path)
+        return
+    for parts in recorded:  # else the files its RECORD lists in its .dist-info folder
+        if len(parts) == 2 and parts[0].endswith(".dist-info"):
+            path = Path(dist.locate_file(str(PurePosixPath(*parts))))
+            consulted.note(path)
+            consulted.note(path.parent)
 
 
 def recorded_parts(dist: importlib.metadata.Distribution) -> list[tuple[str, ...]]:
