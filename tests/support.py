@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import html.parser
 import importlib.util
+import os
+import re
 import shlex
 import subprocess
 import sysconfig
@@ -17,10 +19,13 @@ from pathlib import Path
 
 import psutil
 
+from loadfuzz import hostenv
 from loadfuzz.expect import Expectation, classify_findings, load_expectations
 from loadfuzz.model import Flags, Outcome, Role, Step, StepKind, TrialRecord
+from loadfuzz.run.harness import HarnessStep
 from loadfuzz.run.trials import Trials
 
+C_LIBRARY = re.compile(r"/(libc|libdl|libpthread|librt|libm)\.so|/ld-linux")
 ROOT = Path(__file__).resolve().parent.parent
 SITE = Path(sysconfig.get_paths()["purelib"])
 ET = SITE / "executorch"
@@ -291,6 +296,23 @@ def build_loader(folder: Path) -> Path:
     subprocess.run(["gcc", "-o", str(folder / "loader"), str(folder / "loader.c"), "-ldl"],
                    check=True)
     return folder / "loader"
+
+
+def what_the_loader_did(loader: Path, steps: list[HarnessStep], scratch: Path) -> tuple[set, list]:
+    """Every symbol binding ld.so made (who, to whom, which name) and the constructors it ran
+    (the C library's aside), for a process that takes these steps."""
+    log = scratch / "ld"
+    env = {"PATH": os.environ["PATH"], "LD_LIBRARY_PATH": str(hostenv.torch_lib_dir()),
+           "LD_DEBUG": "bindings,files", "LD_DEBUG_OUTPUT": str(log)}
+    done = subprocess.run([str(loader), *(f"{s.mode}:{s.path}" for s in steps)], env=env,
+                          capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    [text] = [p.read_text() for p in scratch.glob("ld.*")]
+    for p in scratch.glob("ld.*"):
+        p.unlink()
+    bindings = set(re.findall(r"binding file (\S+) \[\d+\] to (\S+) \[\d+\]: \S+ symbol `([^']+)'", text))
+    inits = [path for path in re.findall(r"calling init: (\S+)", text) if not C_LIBRARY.search(path)]
+    return bindings, inits
 
 
 def build(folder: Path, name: str, source: str, *link: str, cxx: bool = False) -> Path:

@@ -5,7 +5,8 @@ order fails in a plain process while a fast path, left unchecked, would hand the
 something that makes it pass: a descriptor a preload or a row's first step opened (every
 trial would share it, where a cold run has its own); libpython's own dependencies (its libm,
 put in the global scope with it, resolves a library that forgot `-lm`); a C++ runtime bound
-before a library that replaces its operator new was there. Every verdict of each matrix is checked
+before a library that replaces its operator new was there; a dependency whose own call a library
+loaded before it would answer in a cold run. Every verdict of each matrix is checked
 against the test's own loader, one fresh process per pair."""
 
 from __future__ import annotations
@@ -175,3 +176,36 @@ def test_a_library_that_replaces_operator_new_is_not_run_beside_a_preloaded_cxx_
     assert verdicts[("libownnew.so", "libcxxuser.so", "global")] == "abort"
     assert verdicts[("libselfnew.so", "libplain0.so", "local")] == "abort"
     assert verdicts[("libcxxuser.so", "libplain0.so", "global")] == "clean"
+
+
+# A dependency that checks, while it loads, that its hook answers as its own does: it calls the
+# hook through its PLT, as a shared library calls any function it exports.
+HOOKED = r"""
+#include <stdio.h>
+#include <stdlib.h>
+int hook_check(void) { return 0; }
+__attribute__((constructor)) static void start(void) {
+    if (hook_check() != 0) { fputs("hooked: hook_check answered by another library\n", stderr); abort(); }
+}
+"""
+HOOK = "int hook_check(void) { return 1; }\n"  # another library's hook_check, strong
+USES_HOOKED = "extern int hook_check(void);\nint user(void) { return hook_check(); }\n"
+
+
+def test_a_dependency_whose_call_a_library_loaded_before_it_would_answer_is_not_preloaded(
+        loader, tmp_path):
+    outside, libs = tmp_path / "outside", tmp_path / "libs"
+    outside.mkdir()
+    libs.mkdir()
+    build(outside, "hooked", HOOKED, "-Wl,-soname,libhooked.so")
+    build(libs, "hook", HOOK)
+    build(libs, "user", USES_HOOKED, f"-L{outside}", "-lhooked", f"-Wl,-rpath,{outside}")
+    # needs libhook.so, then libhooked.so: its own search list puts the hook first
+    build(libs, "bundle", USES_HOOKED, "-Wl,--no-as-needed", "-lhook", f"-L{outside}", "-lhooked",
+          f"-Wl,-rpath,{outside}")
+    plain_libraries(libs, 2)
+    verdicts = matrix_agrees_with_the_loader(loader, libs, tmp_path / "out")
+    assert verdicts[("libhook.so", "libuser.so", "global")] == "abort"  # in the global scope first
+    assert verdicts[("libhook.so", "libuser.so", "local")] == "clean"
+    assert verdicts[("libbundle.so", "libplain0.so", "local")] == "abort"
+    assert verdicts[("libplain0.so", "libuser.so", "global")] == "clean"

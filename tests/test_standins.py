@@ -9,10 +9,7 @@ defines too."""
 from __future__ import annotations
 
 import json
-import os
-import re
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -22,9 +19,7 @@ from loadfuzz.run.harness import Harness, HarnessDied, HarnessStep, Limits
 from loadfuzz.run.standins import StandIns
 from loadfuzz.run.tiers import Tiers
 from loadfuzz.run.trials import Trials, harness_steps
-from support import build, build_loader, hostile, loadfuzz, processes_holding
-
-C_LIBRARY = re.compile(r"/(libc|libdl|libpthread|librt|libm)\.so|/ld-linux")
+from support import build, build_loader, hostile, loadfuzz, processes_holding, what_the_loader_did
 
 
 @pytest.fixture(scope="module")
@@ -36,23 +31,6 @@ def loader(tmp_path_factory):
 def torch_tiers():
     inv = inventory.load_target("torch")
     return inv, Tiers.of(inv.libraries, link_map=inv.link_map)
-
-
-def what_the_loader_did(loader: Path, steps: list[HarnessStep], scratch: Path) -> tuple[set, list]:
-    """Every symbol binding ld.so made (who, to whom, which name) and the constructors it ran
-    (the C library's aside), for a process that takes these steps."""
-    log = scratch / "ld"
-    env = {"PATH": os.environ["PATH"], "LD_LIBRARY_PATH": str(hostenv.torch_lib_dir()),
-           "LD_DEBUG": "bindings,files", "LD_DEBUG_OUTPUT": str(log)}
-    done = subprocess.run([str(loader), *(f"{s.mode}:{s.path}" for s in steps)], env=env,
-                          capture_output=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    [text] = [p.read_text() for p in scratch.glob("ld.*")]
-    for p in scratch.glob("ld.*"):
-        p.unlink()
-    bindings = set(re.findall(r"binding file (\S+) \[\d+\] to (\S+) \[\d+\]: \S+ symbol `([^']+)'", text))
-    inits = [path for path in re.findall(r"calling init: (\S+)", text) if not C_LIBRARY.search(path)]
-    return bindings, inits
 
 
 def routes_with_stand_ins(inv, tiers: Tiers, flags: Flags):

@@ -150,7 +150,8 @@ def facts_to(facts: ElfFacts) -> tuple:
     machine = facts.machine
     return ((machine.elf_class, machine.little_endian, machine.machine), facts.soname,
             facts.needed, facts.rpath, facts.runpath, facts.symbolic, facts.defines,
-            facts.protected, facts.undefined, facts.weak, facts.strong, facts.exports_api)
+            facts.protected, facts.undefined, facts.weak, facts.strong, facts.own_lookups,
+            facts.exports_api)
 
 
 def facts_from(stored: object, path: Path, stat: tuple[int, ...]) -> ElfFacts:
@@ -158,14 +159,15 @@ def facts_from(stored: object, path: Path, stat: tuple[int, ...]) -> ElfFacts:
     if not isinstance(stored, tuple):
         raise TypeError("not an entry of facts")
     (machine, soname, needed, rpath, runpath, symbolic, defines, protected, undefined, weak,
-     strong, exports_api) = stored
+     strong, own_lookups, exports_api) = stored
     for names in (needed, rpath, runpath):
         if not isinstance(names, tuple):
             raise TypeError("not an entry of facts")
-    for names in (defines, protected, undefined, weak, strong):
+    for names in (defines, protected, undefined, weak, strong, own_lookups):
         if not isinstance(names, frozenset):
             raise TypeError("not an entry of facts")
     return ElfFacts(path=path, identity=(stat[0], stat[1]), machine=Machine(*machine),
                     soname=soname, needed=needed, rpath=rpath, runpath=runpath,
                     symbolic=symbolic, defines=defines, protected=protected,
-                    undefined=undefined, weak=weak, strong=strong, exports_api=exports_api)
+                    undefined=undefined, weak=weak, strong=strong,
+                    own_lookups=own_lookups, exports_api=exports_api)

@@ -73,6 +73,9 @@ class ElfFacts:
     # the exported definitions bound STB_GLOBAL: a copy a library means to be the one (malloc,
     # operator new), where a weak one is an inline or template instance any copy may stand for
     strong: frozenset[str] = field(repr=False)
+    # the exported definitions its own dynamic relocations name: bound at load time, like an
+    # import, to whichever definition comes first in scope (another object's copy, if earlier)
+    own_lookups: frozenset[str] = field(repr=False)
     exports_api: bool = False  # a global function (C or C++) outside the C++ standard library
 
     def binds_to_itself(self, symbol: str) -> bool:
@@ -189,6 +192,7 @@ def parse_facts(path: Path, elf: ELFFile, size: int, host: Machine) -> ElfFacts:
 
     flags = sum(tag.entry.d_val for tag in tags.get("DT_FLAGS", ()))
     symbols = dynamic_symbols(elf, dynsym)
+    named = relocated_symbols(elf, dynsym)
     defines = frozenset(s.name for s in symbols if s.exported)
     undefined = frozenset(s.name for s in symbols if s.undefined and s.bind == STB_GLOBAL)
     weak = frozenset(s.name for s in symbols if s.undefined and s.bind == STB_WEAK)
@@ -206,6 +210,7 @@ def parse_facts(path: Path, elf: ELFFile, size: int, host: Machine) -> ElfFacts:
         undefined=undefined,
         weak=weak,
         strong=frozenset(s.name for s in symbols if s.exported and s.bind == STB_GLOBAL),
+        own_lookups=frozenset(s.name for s in symbols if s.exported and s.index in named),
         exports_api=any(s.exported and s.bind == STB_GLOBAL and s.kind == STT_FUNC
                         and not s.name.startswith(STD_PREFIXES) and s.name not in LOADER_HOOKS
                         for s in symbols),
@@ -214,6 +219,7 @@ def parse_facts(path: Path, elf: ELFFile, size: int, host: Machine) -> ElfFacts:
 
 @dataclass(frozen=True)
 class Symbol:
+    index: int  # in the dynamic symbol table: what a relocation names it by
     name: str
     bind: int
     kind: int
@@ -242,13 +248,34 @@ def dynamic_symbols(elf: ELFFile, dynsym) -> list[Symbol]:
     data = dynsym.data()
     width = struct.calcsize(fmt)
     symbols = []
-    for entry in struct.iter_unpack(fmt, data[:len(data) - len(data) % width]):
+    for index, entry in enumerate(struct.iter_unpack(fmt, data[:len(data) - len(data) % width])):
         offset = entry[name_at]
         if offset == 0:
             continue
         end = strtab.find(b"\0", offset)
         name = strtab[offset:end if end >= 0 else len(strtab)].decode("utf-8", "replace")
         info = entry[info_at]
-        symbols.append(Symbol(name, info >> 4, info & 0xF, entry[other_at] & 0x3,
+        symbols.append(Symbol(index, name, info >> 4, info & 0xF, entry[other_at] & 0x3,
                               entry[shndx_at] == 0))
     return symbols
+
+
+def relocated_symbols(elf: ELFFile, dynsym) -> set[int]:
+    """The indices into the dynamic symbol table that the dynamic relocations name (.rela.dyn,
+    .rela.plt or their REL forms), unpacked in bulk with `struct` (libtorch_cpu.so has
+    ~360 000 relocations); the relocation type is not needed, only the symbol."""
+    order = "<" if elf.little_endian else ">"
+    table = elf.get_section_index(dynsym.name)
+    named: set[int] = set()
+    for section in elf.iter_sections():
+        kind = section["sh_type"]
+        if kind not in ("SHT_RELA", "SHT_REL") or section["sh_link"] != table:
+            continue
+        word, shift = ("Q", 32) if elf.elfclass == 64 else ("I", 8)
+        fmt = order + word * 2 + (word.lower() if kind == "SHT_RELA" else "")
+        width = struct.calcsize(fmt)
+        data = section.data()
+        named.update(entry[1] >> shift for entry in
+                     struct.iter_unpack(fmt, data[:len(data) - len(data) % width]))
+    named.discard(0)
+    return named

@@ -57,9 +57,6 @@ VERSION_TAG = re.compile(r"[A-Z][A-Z0-9_]*_[0-9][0-9.]*")
 C_LIBRARY = ("libc.so", "libdl.so", "libpthread.so", "librt.so", "libm.so", "ld-linux")
 # What every name libpython exports begins with.
 PYTHON_NAMES = ("Py", "_Py")
-# C++'s replaceable allocation functions (operator new, new[], delete, delete[], any overload),
-# which a program or library may define in place of the runtime's ([replacement.functions]).
-REPLACEABLE = re.compile(r"_Z(nw|na|dl|da)[mjPv]")
 # Below this many bytes of files to map, a load is cheap: no stand-in is worth a server.
 HEAVY_BYTES = 32 << 20
 # In every harness process before any step: the executable's own dependencies.
@@ -114,7 +111,6 @@ class StandIns:
         self._lists: dict[tuple[State, Key], list[ElfFacts]] = {}  # search lists, by state
         self._sizes: dict[Key, int] = {}
         self._pythonish: dict[Key, bool] = {}
-        self._names: dict[tuple, frozenset[str]] = {}
         self.first = tuple(f.identity for f in self.facts.values()
                            if f.path.name.startswith(STARTS_LOADED))
         self._lock = threading.Lock()
@@ -218,54 +214,6 @@ class StandIns:
         with self._lock:
             self._cache[key] = path if clear else None
         return clear
-
-    def interposes(self, preload: Sequence[HarnessStep], paths: Sequence[Path]) -> bool:
-        """Whether an object that loading these libraries maps, besides what the preload
-        mapped, strongly defines a C++ replaceable allocation function (operator new, delete)
-        that an object the preload mapped `RTLD_LOCAL` imports or defines (the C++ runtime
-        calls its own through its PLT). A cold run maps that object before the preloaded one
-        is relocated, so its definition wins, where in the server it was not there yet. (The
-        C library's names, malloc included, cannot be taken over so: the C library comes
-        before any dlopen'ed library in the global scope.) True for a library the model lacks.
-
-        Not seen: other duplicates, such as a statically linked copy of part of libstdc++ or
-        of cpuinfo that a preloaded libtorch_cpu would bind to in a cold run (the executorch
-        wheel's AOT libraries carry both): copies of the same code, left to the cold
-        confirmation of findings; and a preloaded object's calls to other names it defines
-        itself (the ELF facts hold no relocations)."""
-        return any(self._defines_replaced(tuple(preload), path) for path in paths)
-
-    def _replaced_on_purpose(self, preload: tuple[HarnessStep, ...]) -> frozenset[str]:
-        """The names of `interposes` for this preload: the replaceable allocation functions
-        its `RTLD_LOCAL` objects import or define."""
-        key = ("replaced on purpose", preload)
-        with self._lock:
-            if key in self._names:
-                return self._names[key]
-        local = [self.facts[k] for k in self.start([s for s in preload if s.mode == "l"]).loaded
-                 if k not in self.first]
-        names = frozenset(name for obj in local for names in (obj.defines, obj.undefined)
-                          for name in names if REPLACEABLE.match(name))
-        with self._lock:
-            self._names[key] = names
-        return names
-
-    def _defines_replaced(self, preload: tuple[HarnessStep, ...], path: Path) -> bool:
-        """Whether an object dlopen(path) maps after this preload strongly defines one of the
-        preload's `_replaced_on_purpose` names (True for a library the model lacks)."""
-        names = self._replaced_on_purpose(preload)
-        key = ("defines replaced", preload, path)
-        with self._lock:
-            if key in self._cache:
-                return self._cache[key] is not None
-        facts = self.by_path.get(path)
-        loaded = set(self.start(preload).loaded)
-        found = facts is None or any(not names.isdisjoint(obj.strong)
-                                     for obj in self.map.search_list(facts)[0]
-                                     if obj.identity not in loaded)
-        with self._lock:
-            self._cache[key] = key if found else None
-        return found
 
     def names_python(self, obj: ElfFacts) -> bool:
         """Whether the object defines or references (weakly too: a library may ask whether it

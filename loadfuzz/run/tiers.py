@@ -50,6 +50,7 @@ from loadfuzz.inventory import Library
 from loadfuzz.model import Flags, Step, StepKind
 from loadfuzz.model import Sequence as Steps
 from loadfuzz.run.harness import HarnessStep
+from loadfuzz.run.rebinding import Rebinding, cold_steps
 from loadfuzz.run.standins import HEAVY_BYTES, STARTS_LOADED, StandIns
 
 LIGHT, PYTHON, HEAVY = 0, 1, 2
@@ -102,6 +103,7 @@ class Tiers:
     tiers: Mapping[Path, int]
     preloads: tuple[tuple[HarnessStep, ...], ...]  # per tier, LIGHT to HEAVY
     standins: StandIns | None = None
+    rebinding: Rebinding | None = None  # with `standins`: may a trial fork from a tier's server
     # what a trial that wants libpython gets first (looked up once: a trial asks several times)
     libpython: Path | None = field(default_factory=hostenv.libpython_path)
 
@@ -118,7 +120,8 @@ class Tiers:
         standins = StandIns(link_map, [lib.path for lib in chosen],
                             python_brings) if link_map else None
         return cls(frozenset(lib.path for lib in libraries if lib.needs_python),
-                   {lib.path: tier_of(lib) for lib in chosen}, preloads, standins)
+                   {lib.path: tier_of(lib) for lib in chosen}, preloads, standins,
+                   Rebinding(standins) if standins else None)
 
     def needs_python(self, seq: Steps) -> bool:
         return any(step.path in self.python for step in seq)
@@ -141,14 +144,13 @@ class Tiers:
     def preload(self, seq: Steps, python: bool = False) -> tuple[HarnessStep, ...]:
         """What the server a trial forks from has preloaded: the lightest tier that will do
         (`python`: one that has libpython, for a sequence run with libpython first); nothing
-        when one of the sequence's libraries would interpose on a preloaded library
-        (`StandIns.interposes`)."""
+        when its cold run would bind a preloaded object otherwise than the server did
+        (`Rebinding.rebinds`)."""
         level = max((self.tiers.get(step.path, HEAVY) for step in seq
                      if step.kind is not StepKind.MODULE), default=LIGHT)
         tier = self.preloads[max(level, PYTHON) if python else level]
-        paths = [step.path for step in seq if step.kind is not StepKind.MODULE]
-        if tier and self.standins is not None and self.standins.interposes(tier, paths):
-            return ()  # a library of the trial would interpose on a preloaded one: nothing
+        if tier and self.rebinding is not None and self.rebinding.rebinds(tier, cold_steps(seq)):
+            return ()  # a library of the trial takes over a preloaded one's binding: nothing
         return tier
 
 

@@ -1,0 +1,170 @@
+"""Rebinding: whether a fork server's preloaded objects are bound as a trial's cold run binds them.
+
+A tier's fork server loads what the campaign's libraries depend on but do
+not test (torch's libraries, the C++ runtime) once, RTLD_LOCAL, and its
+trials fork from it: those objects were relocated in the server, against
+the server's scope. A cold run maps the same object during one of the
+trial's steps and relocates it then, against that step's scope: the global
+scope (with what earlier RTLD_GLOBAL steps put there), then the step's
+search list. A definition that comes first there takes the binding: a
+library that exports operator new, a bundled copy of cpuinfo or of a BLAS,
+a hook that a dependency calls through its PLT. A trial in which that
+happens must not fork from that server.
+
+The names that count are those a preloaded object's relocations name (its
+imports, and its own exported definitions that it reaches through its PLT
+or GOT: `ElfFacts.own_lookups`) and that another object the campaign can
+map defines *strongly*. Two kinds of duplicate are taken to be the same
+code, by C++'s one-definition rule, and left out: weak definitions (inline
+functions and template instances, which every C++ library repeats), and the
+C++ runtime's own names (`std::`, `__gnu_cxx::`, their type_info and
+vtables, `__cxa_*`, `_Unwind_*`), which a library that links libstdc++
+statically exports as copies of the runtime. The replaceable allocation
+functions (operator new and delete) are not the runtime's in that sense: a
+library defines them so that they are used instead.
+
+Where a step loads Python code (an import, `torch.ops.load_library`), the
+objects that code maps are not known beforehand: each preloaded object not
+yet mapped is checked against the global scope at that step.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from loadfuzz.elf.read import ElfFacts
+from loadfuzz.model import Flags, StepKind
+from loadfuzz.model import Sequence as Steps
+from loadfuzz.run.harness import HarnessStep
+from loadfuzz.run.standins import RESERVED, VERSION_TAG, Key, StandIns
+
+# Copies of one thing by definition: the C++ runtime's names (namespaces std and __gnu_cxx, and
+# their vtables, guard variables and functions' local statics), the ABI's __cxa_ functions,
+# the unwinder's; and any type's type_info object and name (the ABI compares type_info by name).
+ODR_COPIES = re.compile(r"_Z(N|NK)?(St|9__gnu_cxx|11__gnu_debug)|_Z(T[VHW]|GV|Z)N?K?(St|9__gnu_cxx)"
+                        r"|_ZT[IS]|__cxa_|__gxx_|_Unwind_")
+
+# A step as the cold run takes it: g (dlopen RTLD_GLOBAL), l (RTLD_LOCAL) or p (Python code,
+# which may map more than the library, if any, that it loads RTLD_LOCAL); the library's path.
+ColdStep = tuple[str, Path | None]
+# Per preloaded object: the names it looks up that are contested, each with its server definer
+# (None: none in the server's scope, so a weak reference left null).
+Contested = dict[Key, dict[str, Key | None]]
+
+
+class Rebinding:
+    """The answers for one campaign's link map (the `StandIns` model); safe from several threads."""
+
+    def __init__(self, model: StandIns):
+        self.model = model
+        self._contested: dict[tuple[HarnessStep, ...], Contested] = {}
+        self._answers: dict[tuple, bool] = {}
+        self._lock = threading.Lock()
+
+    def rebinds(self, preload: Sequence[HarnessStep], steps: Sequence[ColdStep]) -> bool:
+        """Whether a cold run of `steps` would bind a name an object of `preload` looks up to
+        another definition than the server bound it to (True for a library the model lacks)."""
+        preload = tuple(preload)
+        key = (preload, tuple(steps))
+        with self._lock:
+            known = self._answers.get(key)
+        if known is None:
+            known = self._rebinds(preload, steps)
+            with self._lock:
+                self._answers[key] = known
+        return known
+
+    def _rebinds(self, preload: tuple[HarnessStep, ...], steps: Sequence[ColdStep]) -> bool:
+        contested = self.contested(preload)
+        if not contested:
+            return False
+        model = self.model
+        state = model.start([step for step in preload if step.mode == "g"])
+        pending = set(contested)  # preloaded objects the cold run has not mapped yet
+        for mode, path in steps:
+            if mode == "p" and any(self.differs(contested[obj], state.global_scope)
+                                   for obj in pending):
+                return True
+            facts = model.by_path.get(path) if path is not None else None
+            if facts is None:
+                if mode != "p":
+                    return True
+                continue
+            load = model.open(state, facts, mode == "g")
+            scope = model.lookup_scope(state, facts)
+            mapped = pending.intersection(load.new)
+            if any(self.differs(contested[obj], scope, everywhere=True) for obj in mapped):
+                return True
+            pending -= mapped
+            state = load.after
+        return False
+
+    def differs(self, names: dict[str, Key | None], scope: Sequence[Key],
+                everywhere: bool = False) -> bool:
+        """Whether a name's first definer in `scope` is not its server definer: one found
+        elsewhere (`everywhere`: `scope` is all the object's relocations see, so a name
+        defined nowhere in it differs too)."""
+        facts = self.model.facts
+        for name, server in names.items():
+            first = next((key for key in scope if name in facts[key].defines), None)
+            if first != server and (everywhere or first is not None):
+                return True
+        return False
+
+    def contested(self, preload: tuple[HarnessStep, ...]) -> Contested:
+        """Per object the preload maps RTLD_LOCAL: the names it looks up (reserved names,
+        version tags and the C++ runtime's aside) that an object of the link map other than
+        the one the server bound it to defines strongly, with that server definer."""
+        with self._lock:
+            found = self._contested.get(preload)
+        if found is not None:
+            return found
+        model, found = self.model, {}
+        everything = list(model.facts.values())
+        state = model.start([step for step in preload if step.mode == "g"])
+        for step in preload:
+            facts = model.by_path.get(step.path)
+            if facts is None:
+                continue
+            load = model.open(state, facts, step.mode == "g")
+            if step.mode == "l":
+                scope = model.lookup_scope(state, facts)
+                for key in load.new:
+                    names = self.contested_names(model.facts[key], scope, everything)
+                    if names:
+                        found[key] = names
+            state = load.after
+        with self._lock:
+            self._contested[preload] = found
+        return found
+
+    def contested_names(self, obj: ElfFacts, scope: list[Key],
+                        everything: list[ElfFacts]) -> dict[str, Key | None]:
+        lookups = obj.undefined | obj.weak | obj.own_lookups
+        facts = self.model.facts
+        names: dict[str, Key | None] = {}
+        for other in everything:
+            for name in lookups & other.strong:
+                if name in names or name in RESERVED or VERSION_TAG.fullmatch(name) \
+                        or ODR_COPIES.match(name):
+                    continue
+                server = next((key for key in scope if name in facts[key].defines), None)
+                if server != other.identity:
+                    names[name] = server
+        return names
+
+
+def cold_steps(seq: Steps) -> tuple[ColdStep, ...]:
+    """A sequence's steps as `Rebinding.rebinds` takes them."""
+    steps = []
+    for step in seq:
+        if step.kind is StepKind.MODULE:
+            steps.append(("p", None))
+        elif step.kind is StepKind.IMPORT or step.flags is Flags.PYTHON:
+            steps.append(("p", step.path))
+        else:
+            steps.append(("g" if step.flags is Flags.GLOBAL else "l", step.path))
+    return tuple(steps)

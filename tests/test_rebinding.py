@@ -1,0 +1,91 @@
+"""A trial forks from a server whose preloaded objects (torch's libraries, the C++ runtime) were
+relocated before the trial began; it may do so only where its cold run would bind them the same
+way. The model (`Rebinding`) against the dynamic loader's own report (LD_DEBUG=bindings) of a
+plain process that takes the same steps.
+
+The executorch wheel is the example: libexecutorch_threadpool.so exports its own copies of
+cpuinfo and pthreadpool, which libtorch_cpu.so also calls; loaded RTLD_GLOBAL before a library
+that pulls in libtorch_cpu.so, it answers those calls in the cold run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from loadfuzz import hostenv, inventory, plan
+from loadfuzz.model import Flags
+from loadfuzz.run.harness import HarnessStep
+from loadfuzz.run.rebinding import ODR_COPIES
+from loadfuzz.run.tiers import Tiers
+from support import ET, build_loader, what_the_loader_did
+
+AOT = "kernels/quantized/libquantized_ops_aot_lib.so"
+
+
+@pytest.fixture(scope="module")
+def loader(tmp_path_factory):
+    return build_loader(tmp_path_factory.mktemp("loader"))
+
+
+@pytest.fixture(scope="module")
+def executorch():
+    inv = inventory.load_target("executorch")
+    return inv, Tiers.of(inv.libraries, link_map=inv.link_map)
+
+
+def taken_over(loader, inv, first: str, second: str, flags: Flags, scratch) -> set[str]:
+    """The names a library outside the wheel (torch's, the C++ runtime) binds, in a plain
+    process that loads libpython then `first` then `second`, to a strong definition in a library
+    of the wheel (copies of one thing by the one-definition rule aside)."""
+    libs = {lib.id: lib.path for lib in inv.libraries}
+    mode = "g" if flags is Flags.GLOBAL else "l"
+    steps = [HarnessStep("g", hostenv.libpython_path()),
+             *(HarnessStep(mode, libs[lib]) for lib in (first, second))]
+    bindings, _ = what_the_loader_did(loader, steps, scratch)
+    strong = {path.resolve(): facts.strong for path, facts in inv.link_map.files.items()}
+    wheel = ET.resolve()
+    return {name for who, to, name in bindings
+            if not Path(who).resolve().is_relative_to(wheel) and Path(to).resolve().is_relative_to(wheel)
+            and name in strong.get(Path(to).resolve(), ()) and not ODR_COPIES.match(name)}
+
+
+def forks_from_the_heavy_server(inv, tiers: Tiers, first: str, second: str, flags: Flags) -> bool:
+    libs = {lib.id: lib for lib in inv.libraries}
+    seq = (plan.dlopen(libs[first], flags), plan.dlopen(libs[second], flags))
+    return tiers.preload(seq) == tiers.preloads[-1]
+
+
+@pytest.mark.parametrize("flags", [Flags.GLOBAL, Flags.LOCAL])
+def test_the_threadpools_cpuinfo_answers_libtorch_cpu_only_when_loaded_global_before_it(
+        loader, executorch, tmp_path, flags):
+    inv, tiers = executorch
+    first = "lib/libexecutorch_threadpool.so"
+    names = taken_over(loader, inv, first, AOT, flags, tmp_path)
+    assert ("cpuinfo_initialize" in names) is (flags is Flags.GLOBAL)
+    assert forks_from_the_heavy_server(inv, tiers, first, AOT, flags) is (not names)
+
+
+def test_a_bundled_copy_of_the_cxx_runtime_does_not_keep_a_trial_from_the_heavy_server(
+        loader, executorch, tmp_path):
+    inv, tiers = executorch
+    # libexecutorch.so exports std::__throw_bad_array_new_length, which libtorch_cpu.so imports
+    first = "lib/libexecutorch.so"
+    path = next(lib.path for lib in inv.libraries if lib.id == first)
+    assert "_ZSt28__throw_bad_array_new_lengthv" in inv.link_map.files[path].strong
+    assert not taken_over(loader, inv, first, AOT, Flags.GLOBAL, tmp_path)
+    assert forks_from_the_heavy_server(inv, tiers, first, AOT, Flags.GLOBAL)
+
+
+def test_every_library_loaded_global_before_a_torch_plugin_leaves_the_heavy_server_only_if_the_loader_says_so(
+        loader, executorch, tmp_path):
+    inv, tiers = executorch
+    verdicts = {}
+    for lib in inv.libraries:
+        if lib.id == AOT:
+            continue
+        names = taken_over(loader, inv, lib.id, AOT, Flags.GLOBAL, tmp_path)
+        verdicts[lib.id] = bool(names)
+        assert forks_from_the_heavy_server(inv, tiers, lib.id, AOT, Flags.GLOBAL) is (not names), \
+            (lib.id, sorted(names)[:5])
+    assert any(verdicts.values()) and not all(verdicts.values())
