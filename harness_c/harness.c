@@ -81,7 +81,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define PROTOCOL_VERSION 5 /* docs/protocol.md; bump on any change to a message */
+#define PROTOCOL_VERSION 6 /* docs/protocol.md; bump on any change to a message */
 #define MAX_STEPS 256
 #define HEAD_CAP (16 * 1024)
 #define TAIL_CAP (48 * 1024)
@@ -224,7 +224,9 @@ static void set_error_hex(struct trace *tr, const char *hex) {
  * so that __main__ is left as a trial's cold run has it). SystemExit goes on to CPython,
  * which finalizes and exits with its code as `python -c` does. Any other exception is
  * printed by sys.excepthook, and the step's error is the last line CPython prints for it,
- * then that of each exception in its chain (cause or context), one per line; after a
+ * then that of each exception in its chain, one per line: its cause, and its cause's, and
+ * so on; from the first exception it was raised while handling on (its context), each line
+ * begins "while handling: " (never a cause of the failure, however it reads); after a
  * KeyboardInterrupt the process ends as python's does, by SIGINT. */
 static const char PY_STEP[] =
     "def _loadfuzz_step(code, main):\n"
@@ -248,10 +250,14 @@ static const char PY_STEP[] =
     "            import traceback\n"
     "            te = traceback.TracebackException(type(e), e, None, limit=0,\n"
     "                                              lookup_lines=False, compact=True)\n"
+    "            link = ''\n"
     "            while te is not None and len(lines) < 8:\n"
     "                te.__notes__ = None\n"
-    "                lines.append(list(te.format_exception_only())[-1].rstrip('\\n'))\n"
-    "                te = te.__cause__ or (None if te.__suppress_context__ else te.__context__)\n"
+    "                lines.append(link + list(te.format_exception_only())[-1].rstrip('\\n'))\n"
+    "                nxt = te.__cause__\n"
+    "                if nxt is None and not te.__suppress_context__:\n"
+    "                    nxt, link = te.__context__, 'while handling: '\n"
+    "                te = nxt\n"
     "        except BaseException:\n"
     "            lines = lines or ['an exception whose text could not be read']\n"
     "        text = '\\n'.join(lines).replace('\\0', '\\\\x00')\n"

@@ -17,6 +17,8 @@ from importlib import resources
 from loadfuzz.model import Evidence, Outcome, Verdict, signal_name
 
 DETAIL_LIMIT = 300
+# Terminal colour and cursor codes (CSI sequences), which loggers put inside a message.
+ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 
 
 @dataclass(frozen=True)
@@ -111,8 +113,8 @@ def classify(ev: Evidence, catalogue: tuple[Signature, ...] | None = None) -> Ve
     detail = ""
     # A step that failed is named by its error alone (a Python step's: the exception, then its
     # chain), never by what it printed before: a warning that mentions a missing module, say.
-    text = ev.error if outcome is Outcome.LOAD_ERROR else (
-        f"{ev.error}\n{output}" if ev.error else output)
+    text = ANSI.sub("", ev.error if outcome is Outcome.LOAD_ERROR else (
+        f"{ev.error}\n{output}" if ev.error else output))
     for sig in catalogue:
         if outcome in sig.when and (found := sig.search(text)):
             outcome, signature, (op, detail) = sig.outcome, sig.name, found

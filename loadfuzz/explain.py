@@ -257,6 +257,7 @@ class Explainer:
                 trace: LoaderTrace | None) -> Account:
         kinds: dict[str, Callable[[], Account]] = {
             "duplicate-registration": lambda: self.duplicate(record, objects, trace),
+            "duplicate-torch-library": lambda: self.duplicate(record, objects, trace),
             "duplicate-pybind11-type": lambda: self.pybind11(record, objects, trace),
             "missing-symbol": lambda: self.missing_symbol(record, objects),
             "missing-library": lambda: self.missing_library(record, objects),

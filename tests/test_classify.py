@@ -136,6 +136,30 @@ LOAD_FAILED = {"exit_code": 0, "signal": None}
          "pybind11-duplicate-type", "FxType", Outcome.REREGISTER),
         (LOAD_FAILED, "libfx_tls.so: cannot allocate memory in static TLS block", b"",
          "glibc-static-tls", "libfx_tls.so", Outcome.LOAD_ERROR),
+        # both copies of gflags or Abseil built from one file: the flag's file is the same
+        (EXITED_1, "", b"ERROR: something wrong with flag 'fx_flag' in file 'fx.cc'.  One "
+                       b"possibility: file 'fx.cc' is being linked both statically and dynamically",
+         "gflags-duplicate-flag", "fx_flag", Outcome.REREGISTER),
+        (EXITED_1, "", b"ERROR: Something is wrong with flag 'flagfile' in file "
+                       b"'./absl/flags/parse.cc'. One possibility: file './absl/flags/parse.cc' is "
+                       b"being linked both statically and dynamically into this executable.",
+         "abseil-duplicate-flag", "flagfile", Outcome.REREGISTER),
+        # torch.library from Python: a RuntimeError, the step's error
+        (LOAD_FAILED, "RuntimeError: Tried to register an operator (fx::foo(Tensor x) -> Tensor) "
+                      "with the same name and overload name multiple times. Each overload's schema "
+                      "should only be registered with a single call to def().", b"",
+         "torch-duplicate-op", "fx::foo", Outcome.REREGISTER),
+        (ABORTED, "", b"terminate called after throwing an instance of 'c10::Error'\n  what():  "
+                      b"Only a single TORCH_LIBRARY can be used to register the namespace fxns; "
+                      b"please put all of your definitions in a single TORCH_LIBRARY block.\n",
+         "torch-duplicate-library", "fxns", Outcome.REREGISTER),
+        # a versioned reference: "name, version V"
+        (LOAD_FAILED, "/x/libfx_user.so: undefined symbol: fx_b, version VER_1", b"",
+         "undefined-symbol", "fx_b", Outcome.LOAD_ERROR),
+        # a logger's colours inside the name
+        (ABORTED, "", b"\x1b[31mE 00:00:00.000 registry.cpp:42] Re-registering "
+                      b"\x1b[1mfx::op.out\x1b[0m, from libfx.so\x1b[0m\n",
+         "executorch-reregister", "fx::op.out", Outcome.REREGISTER),
     ],
 )
 def test_the_wider_catalogue_names_what_was_registered_twice(died, error, output, signature, op,
@@ -194,3 +218,21 @@ def test_any_evidence_gets_exactly_one_outcome_and_never_raises(
         assert verdict.op in text
     assert len(verdict.detail) < 400
     assert (verdict.step is None) == (verdict.outcome is Outcome.CLEAN or started <= done)
+
+
+@pytest.mark.parametrize("error", [
+    # raised while handling the missing module (a fallback): the RuntimeError is the failure
+    "RuntimeError: fx: operator table corrupted\n"
+    "while handling: ModuleNotFoundError: No module named 'fx_accelerator'",
+    # a message that quotes one
+    "RuntimeError: fx failed: ModuleNotFoundError: No module named 'fx_accelerator'",
+])
+def test_a_missing_module_that_is_not_the_failure_or_its_cause_is_no_environment_problem(error):
+    verdict = classify(evidence(started=1, done=0, error=error, **LOAD_FAILED))
+    assert (verdict.outcome, verdict.signature) == (Outcome.LOAD_ERROR, None)
+
+
+def test_a_missing_module_that_caused_the_failure_is_an_environment_problem():
+    verdict = classify(evidence(started=1, done=0, error="ImportError: initialization failed\n"
+                                "ModuleNotFoundError: No module named 'numpy'", **LOAD_FAILED))
+    assert (verdict.signature, verdict.op) == ("python-missing-module", "numpy")

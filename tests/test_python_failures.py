@@ -31,6 +31,10 @@ CASES = {
     "chained": ("try:\n    import loadfuzz_fixture_dependency_nobody_installed\n"
                 "except ImportError as exc:\n"
                 "    raise ImportError('initialization failed') from exc\n"),
+    # the missing module was handled: the error raised while handling it is the failure
+    "fallback": ("try:\n    import loadfuzz_fixture_accelerator_nobody_installed\n"
+                 "except ImportError:\n"
+                 "    raise RuntimeError('case_fallback: operator table corrupted')\n"),
     "sigpipe": "import os\nr, w = os.pipe()\nos.close(r)\nos.write(w, b'x')\n",
     "argv": "import sys\nif sys.argv != ['-c']:\n    raise RuntimeError(f'argv is {sys.argv!r}')\n",
     # a warning is shown (here: the process ends) only where CPython's filters show it
@@ -107,6 +111,12 @@ def test_a_missing_module_is_named_by_the_exception_chain_not_by_what_was_printe
         "python-missing-module", "loadfuzz_fixture_dependency_nobody_installed")
     assert (printed["signature"], printed["detail"]) == (
         None, "RuntimeError: case_logmiss: operator table corrupted")
+
+
+def test_a_missing_module_the_failing_code_was_handling_does_not_name_the_failure(modules):
+    record = run_case(modules, "fallback")
+    assert (record["outcome"], record["signature"], record["detail"]) == (
+        "load-error", None, "RuntimeError: case_fallback: operator table corrupted")
 
 
 def test_without_at_exit_a_trial_ends_once_its_last_step_is_done(modules):
