@@ -20,7 +20,18 @@ from pathlib import Path
 
 from loadfuzz import inventory
 from loadfuzz.explain import Explainer
-from loadfuzz.model import MAX_TIMEOUT_S, Flags, Outcome, Sequence, StepKind, TrialRecord, UsageError, parse_step
+from loadfuzz.model import (
+    MAX_TIMEOUT_S,
+    Flags,
+    Outcome,
+    Role,
+    Sequence,
+    Step,
+    StepKind,
+    TrialRecord,
+    UsageError,
+    parse_step,
+)
 from loadfuzz.run.harness import Limits
 from loadfuzz.run.tiers import NO_TIERS, Tiers
 from loadfuzz.run.trials import Trials
@@ -59,10 +70,23 @@ def load_order(target: str | None, steps: Iterable[str | Path], default: Flags,
         inv = inventory.load_target(target, [Path(p) for p in add])
         ids = {lib.id: lib.path for lib in inv.libraries}
     try:
-        return tuple(parse_step(str(text), default, ids.get) for text in steps)
+        seq = tuple(parse_step(str(text), default, ids.get) for text in steps)
     except UsageError as exc:
         where = f" (and no library id of {target})" if target is not None else ""
         raise UsageError(f"{exc}{where}") from None
+    return as_python_loads_it(seq)
+
+
+def as_python_loads_it(seq: Sequence) -> Sequence:
+    """`python:` steps as Python code loads their library: an extension module by its import
+    (a `py:` step), as `matrix --flags python` does; anything else stays a `ctypes` load."""
+    python = [s.path for s in seq if s.kind is StepKind.DLOPEN and s.flags is Flags.PYTHON]
+    if not python:
+        return seq
+    roles = {lib.path: lib.role for lib in inventory.load_libraries(python).libraries}
+    return tuple(Step(StepKind.IMPORT, s.lib, s.flags, s.path)
+                 if s.kind is StepKind.DLOPEN and s.flags is Flags.PYTHON
+                 and roles.get(s.path) is Role.PYTHON_EXTENSION else s for s in seq)
 
 
 def run_cold(seq: Sequence, limits: Limits) -> TrialRecord:

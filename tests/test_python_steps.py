@@ -106,6 +106,19 @@ def test_export_plugins_load_through_torch_ops_load_library_and_collide_as_in_cp
         "reregister", "executorch-reregister", 1)
 
 
+def test_a_python_step_of_an_extension_module_imports_it_as_python_code_would():
+    """`python:` loads a library as Python code does: an extension module by its import (as
+    `matrix --flags python` does), not by ctypes, which would never run its PyInit."""
+    module = FIXTURES / "signatures" / "fxdup.cpython-311-x86_64-linux-gnu.so"  # binds FxType twice
+    done = loadfuzz("run", "--json", f"python:{module}")
+    record = json.loads(done.stdout)
+    real = cpython(f"import sys; sys.path.insert(0, {str(module.parent)!r}); import fxdup")
+    assert real[0] == "raised" and agree(record, real), (record, real)
+    assert record["sequence"][0]["kind"] == "import"
+    assert (record["outcome"], record["signature"], record["op"]) == (
+        "reregister", "pybind11-duplicate-type", "FxType")
+
+
 def test_import_by_name_records_the_exception_and_a_missing_module_is_its_own_signature():
     done = loadfuzz("run", "--json", "import:json", "import:loadfuzz_no_such_module")
     record = json.loads(done.stdout)
