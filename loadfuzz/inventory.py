@@ -22,6 +22,7 @@ target is what is under test.
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -222,11 +223,17 @@ def load_targets(names: Sequence[str], add: Sequence[Path] = (), env: bool = Fal
              + (targets.environment(reader.consulted) if env else []))
     files: dict[str, Path] = {}
     labels: list[str] = []
+    seen: set[tuple[Path, str]] = set()  # distributions share site-packages as their root
     for target in found:
-        if target.label in labels:
+        if (target.root.resolve(), target.label) in seen:
             continue  # named twice (or by name and by --env): once is enough
-        labels.append(target.label)
-        files |= {f"{target.label}/{lib_id}": path for lib_id, path in target.files.items()}
+        seen.add((target.root.resolve(), target.label))
+        # two folders of one name (a/libs, b/libs): the second is libs-2, so no id is lost
+        label = next(label for label in itertools.chain(
+            [target.label], (f"{target.label}-{n}" for n in itertools.count(2)))
+            if label not in labels)
+        labels.append(label)
+        files |= {f"{label}/{lib_id}": path for lib_id, path in target.files.items()}
     roots = [str(target.root) for target in found]
     name = "env" if env and not names else "+".join(labels)
     return build(" ".join([*names, *(["--env"] if env else [])]), name, None,

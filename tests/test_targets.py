@@ -161,3 +161,16 @@ def test_with_torch_under_test_no_tier_preloads_any_of_its_libraries():
                  for step in preload}
     assert any(lib.id.startswith("torch-") for lib in inv.libraries)
     assert preloaded & under_test == set()
+
+
+def test_two_folders_of_one_name_are_two_targets_and_every_library_counts(tmp_path):
+    for side, name in (("a", "one"), ("b", "two")):
+        folder = tmp_path / side / "libs"
+        folder.mkdir(parents=True)
+        (folder / f"{name}.c").write_text(f"int {name}(void) {{ return 1; }}\n")
+        subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(folder / f"lib{name}.so"),
+                        str(folder / f"{name}.c")], check=True)
+    done = loadfuzz("scan", tmp_path / "a" / "libs", tmp_path / "b" / "libs", "--json")
+    assert done.returncode == 0, done.stderr
+    ids = sorted(lib["id"] for lib in json.loads(done.stdout)["libraries"])
+    assert ids == ["libs-unversioned-2/libtwo.so", "libs-unversioned/libone.so"]
