@@ -104,6 +104,9 @@ def read_folder(folder: Path) -> ShardFolder:
         except (ValueError, KeyError, TypeError) as exc:
             raise UsageError(f"{trials_path}: line {number} is not a trial record ({exc})") from None
         trials.append(record)
+    if summary["trials"] != len(trials):  # a file cut short at a line's end, or emptied
+        raise UsageError(f"{trials_path}: {len(trials)} trial records, where its summary counts "
+                         f"{shown(summary['trials'])}: run that shard again")
     shard = summary.get("shard")
     try:
         return ShardFolder(folder, summary, trials, None if shard is None else plan.Shard.parse(shard))
@@ -359,8 +362,12 @@ def merge(folders: Sequence[Path], out: Path, need_baseline: bool = False,
         raise UsageError("--fail-on new: the shards were not compared with a --baseline")
     folder = check_out(out)
     shards.sort(key=lambda shard: shard.shard.index)
-    summary, trials = merged_summary(shards, folders, out)
-    records = [TrialRecord.from_json(record, nowhere) for record in trials]
+    try:
+        summary, trials = merged_summary(shards, folders, out)
+        records = [TrialRecord.from_json(record, nowhere) for record in trials]
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise UsageError(f"cannot merge: a shard's summary.json or trials.jsonl holds what "
+                         f"loadfuzz never writes ({type(exc).__name__}: {exc})") from None
     folder.open()
     try:
         for record in records:

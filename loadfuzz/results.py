@@ -62,19 +62,38 @@ class ResultsFolder:
             raise UsageError(f"--resume: {out} holds no campaign (no trials.jsonl)")
         if out.exists() and not out.is_dir():
             raise UsageError(f"--out {out}: not a folder")
+        usable(out, "--out")
         if not resume and self.holds_results():
             raise UsageError(self.taken)
         self.resume = resume
         self.done: dict[Key, TrialRecord] = {}
         if resume:
-            self._repair()
-            for line in self.trials_path.read_text(encoding="utf-8").splitlines():
-                record = TrialRecord.from_json(json.loads(line), locate)
-                self.done[record.key()] = record
+            self.done = self._recorded(locate)
         self.records: dict[Key, TrialRecord] = dict(self.done)  # everything in trials.jsonl
         self._lock = threading.Lock()
         self._fd: int | None = None
         self._lock_fd: int | None = None
+
+    def _recorded(self, locate: Callable[[str], Path]) -> dict[Key, TrialRecord]:
+        """The trials of the folder's trials.jsonl (for --resume); UsageError, naming the line,
+        for one that is not a trial record of this campaign."""
+        done: dict[Key, TrialRecord] = {}
+        try:
+            self._repair()
+            lines = self.trials_path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"--resume: cannot read {self.trials_path} ({exc})") from None
+        for number, line in enumerate(lines, 1):
+            try:
+                record = TrialRecord.from_json(json.loads(line), locate)
+            except UsageError as exc:
+                raise UsageError(f"--resume: {self.trials_path} line {number}: {exc}") from None
+            except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
+                raise UsageError(f"--resume: {self.trials_path} line {number} is not a trial "
+                                 f"record ({exc or type(exc).__name__}); start again with "
+                                 "another --out") from None
+            done[record.key()] = record
+        return done
 
     def holds_results(self) -> bool:
         return self.out.is_dir() and any(p.name != LOCK for p in self.out.iterdir())
@@ -134,6 +153,18 @@ class ResultsFolder:
         if step_summary:
             with open(step_summary, "a", encoding="utf-8") as file:
                 file.write(report.markdown_summary(summary, trials) + "\n")
+
+
+def usable(folder: Path, what: str) -> None:
+    """UsageError unless `folder` is, or can be made, a folder this process can write in: its
+    nearest existing ancestor is a folder, and a writable one when `folder` does not exist yet."""
+    existing = Path(os.path.abspath(folder))
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"{what} {folder}: {existing} is not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"{what} {folder}: cannot write in {existing}")
 
 
 def finished_summary(folder: Path, where: str) -> dict[str, Any]:

@@ -24,6 +24,17 @@ def text_so(folder):
     return path
 
 
+def under_a_file(folder):
+    (folder / "afile").write_text("not a folder\n")
+    return folder / "afile" / "out"
+
+
+def garbled_campaign(folder):
+    (folder / "earlier").mkdir()
+    (folder / "earlier" / "trials.jsonl").write_text('{"sequence": 5}\nnot json\n')
+    return folder / "earlier"
+
+
 CASES = {
     "missing path": (lambda f: ["matrix", f / "nowhere"], "no such file"),
     "missing --add": (lambda f: ["matrix", "executorch", "--add", f / "nope.so"], "no such file"),
@@ -50,6 +61,14 @@ CASES = {
     "empty target": (lambda f: ["matrix", ""], "a target is empty"),
     "empty scan target": (lambda f: ["scan", "executorch", ""], "a target is empty"),
     "repro missing log": (lambda f: ["repro", "--log", f / "no.log", "executorch"], "no.log"),
+    "out under a file": (lambda f: ["matrix", QUANTIZED, "--out", under_a_file(f)],
+                         "is not a folder"),
+    "empty out": (lambda f: ["matrix", QUANTIZED, "--out", ""], "an empty path"),
+    "db under a file": (lambda f: ["fuzz", QUANTIZED, "--db", under_a_file(f)], "is not a folder"),
+    "jobs past any machine": (lambda f: ["repro", "Segmentation fault", "executorch", "--jobs",
+                                         "99999999999999999999"], "at most 4096"),
+    "resume of a garbled campaign": (lambda f: ["matrix", QUANTIZED, "--resume", "--out",
+                                                garbled_campaign(f)], "line 1 is not a trial"),
 }
 
 
@@ -59,9 +78,9 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, case):
     folder = tmp_path / "input"
     folder.mkdir()
     args = [*make(folder)]
-    if args[0] in ("matrix", "fuzz", "repro"):
+    if args[0] in ("matrix", "fuzz", "repro") and "--out" not in args:
         args += ["--out", tmp_path / "out"]
-    if args[0] == "fuzz":
+    if args[0] == "fuzz" and "--db" not in args:
         args += ["--db", tmp_path / "db"]
     before = sorted(p.name for p in tmp_path.rglob("*"))
     done = loadfuzz(*args, cwd=tmp_path)

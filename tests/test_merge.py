@@ -148,10 +148,19 @@ def copy_with(folder, to, edit=None, extra_line=None):
     return to
 
 
+def cut_short(folder, to):
+    """A copy of a shard whose trials.jsonl lost all but its first line (cut at a line's end)."""
+    copy_with(folder, to)
+    trials = to / "trials.jsonl"
+    trials.write_text(trials.read_text().splitlines(keepends=True)[0])
+    return to
+
+
 def refusals(runs, tmp):
     none, file = runs["none"][2], runs["file"][2]
     whole = runs["none"][0]
     first_trial = (none[0] / "trials.jsonl").read_text().splitlines(keepends=True)[0]
+    count = json.loads((none[2] / "summary.json").read_text())["trials"]
     (tmp / "empty").mkdir()
     (tmp / "notes").mkdir()
     (tmp / "notes" / "readme.txt").write_text("not results\n")
@@ -166,8 +175,14 @@ def refusals(runs, tmp):
         "a missing shard": ([none[0], none[2]], "missing shard 2/3"),
         "the same shard twice": ([none[0], copy_with(none[0], tmp / "again"), none[1], none[2]],
                                  "shard 1/3 is both"),
-        "a trial in two shards": ([none[0], none[1], copy_with(none[2], tmp / "t", None, first_trial)],
+        "a trial in two shards": ([none[0], none[1], copy_with(none[2], tmp / "t",
+                                                                {"trials": count + 1}, first_trial)],
                                   "overlapping shards"),
+        "a shard cut short": ([none[0], none[1], cut_short(none[2], tmp / "c")],
+                              "trial records, where its summary counts"),
+        "a summary that loadfuzz did not write": (
+            [none[0], none[1], copy_with(none[2], tmp / "m", {"trials": "many"})],
+            "where its summary counts many"),
         "a whole campaign with shards": ([whole, none[1], none[2]], "cannot merge a whole campaign"),
         "an empty folder": ([tmp / "empty", *none], "not a results folder"),
         "a folder of other files": ([*none, tmp / "notes"], "not a results folder"),
@@ -180,7 +195,8 @@ def refusals(runs, tmp):
 CASES = ["different expectations", "different version", "different flags", "different shard counts",
          "a missing shard", "the same shard twice", "a trial in two shards",
          "a whole campaign with shards", "an empty folder", "a folder of other files",
-         "a folder that does not exist", "a stopped shard"]
+         "a folder that does not exist", "a stopped shard", "a shard cut short",
+         "a summary that loadfuzz did not write"]
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -53,6 +53,8 @@ class Parser(argparse.ArgumentParser):
 
 # The largest --mem, in MiB (a PiB): far past any machine, far from a 64-bit byte count's end.
 MAX_MEM_MB = 1 << 30
+# More trials at once than any machine has cores for (each is a process and pipes of its own).
+MAX_JOBS = 4096
 
 
 def seconds(text: str) -> float:
@@ -71,6 +73,21 @@ def positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"not a positive whole number: {text!r}")
     return int(text)
+
+
+def jobs(text: str) -> int:
+    """How many trials at once: a positive whole number, at most MAX_JOBS."""
+    value = positive_int(text)
+    if value > MAX_JOBS:
+        raise argparse.ArgumentTypeError(f"at most {MAX_JOBS}: {text!r}")
+    return value
+
+
+def folder(text: str) -> Path:
+    """A folder's path; an empty word is refused (Path('') would be the working folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path")
+    return Path(text)
 
 
 def megabytes(text: str) -> int:
@@ -145,15 +162,15 @@ def build_parser() -> Parser:
                              help="expectations file (TOML) of accepted findings")
             sub.add_argument("--shard", type=Shard.parse, default=WHOLE,
                              metavar="K/N", help="run only the K-th of N slices of the work")
-            sub.add_argument("--jobs", type=positive_int, default=os.cpu_count() or 1,
+            sub.add_argument("--jobs", type=jobs, default=os.cpu_count() or 1,
                              metavar="N", help="trials run at once (default: the cores)")
-            sub.add_argument("--baseline", type=Path, metavar="RESULTS_FOLDER",
+            sub.add_argument("--baseline", type=folder, metavar="RESULTS_FOLDER",
                              help="an earlier campaign's results folder: report the findings "
                                   "new, gone and still there since")
             sub.add_argument("--fail-on", choices=("unexpected", "new"), default="unexpected",
                              help="exit 1 on any unexpected finding (default), or only on an "
                                   "unexpected one that is new since --baseline")
-        sub.add_argument("--out", type=Path, metavar="DIR", help="results folder")
+        sub.add_argument("--out", type=folder, metavar="DIR", help="results folder")
         sub.add_argument("--json", action="store_true", help="print JSON")
         limits(sub)
 
@@ -182,21 +199,21 @@ def build_parser() -> Parser:
                      help="wall-clock budget, e.g. 60s, 10m (default 10m)")
     sub.add_argument("--max-len", type=positive_int, default=4, metavar="N")
     sub.add_argument("--seed", type=int, metavar="N")
-    sub.add_argument("--db", type=Path, default=Path("results/.hypothesis"), metavar="DIR")
+    sub.add_argument("--db", type=folder, default=Path("results/.hypothesis"), metavar="DIR")
 
     sub = command("repro", "Reproduce a reported abort from its message or a log.")
     sub.add_argument("words", nargs="*", metavar="[MESSAGE] TARGET",
                      help="the abort line (unless --log), then the target(s)")
     sub.add_argument("--log", type=Path, metavar="FILE")
     target(sub, campaign=False, positional=False)
-    sub.add_argument("--jobs", type=positive_int, default=os.cpu_count() or 1, metavar="N",
+    sub.add_argument("--jobs", type=jobs, default=os.cpu_count() or 1, metavar="N",
                      help="orders tried at once (default: the cores); the first that "
                           "reproduces, in the order tried, is kept either way")
 
     sub = command("merge", "Merge the results folders of the shards of one campaign into one.")
     sub.add_argument("folders", nargs="+", type=Path, metavar="DIR",
                      help="the results folder of each shard (--shard K/N) of the campaign")
-    sub.add_argument("--out", type=Path, required=True, metavar="DIR",
+    sub.add_argument("--out", type=folder, required=True, metavar="DIR",
                      help="results folder of the whole campaign (must not hold results)")
     sub.add_argument("--json", action="store_true", help="print the merged summary as JSON")
     sub.add_argument("--fail-on", choices=("unexpected", "new"), default="unexpected",

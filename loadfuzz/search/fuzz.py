@@ -39,7 +39,7 @@ from loadfuzz.campaign import Prepared, RunOnce, Watcher, run_work, summarize, w
 from loadfuzz.inventory import Inventory
 from loadfuzz.model import Flags, Key, Step, StepKind, TrialRecord, UsageError
 from loadfuzz.model import Sequence as Steps
-from loadfuzz.results import utc_now
+from loadfuzz.results import usable, utc_now
 from loadfuzz.run.trials import Trials, is_python
 from loadfuzz.search import workers
 from loadfuzz.search.shrink import Identity, simplicity, simplify
@@ -245,7 +245,9 @@ def probe_all(trials: Trials, options: Sequence[Step], jobs: int) -> dict[str, b
 
 
 def db_folder(path: Path) -> Path:
-    """The --db folder; an existing file there is bad input."""
+    """The --db folder; one that cannot be made or written in is bad input (Hypothesis would
+    lose the findings it saves there without a word)."""
     if path.exists() and not path.is_dir():
         raise UsageError(f"--db {path}: not a folder")
+    usable(path, "--db")
     return path
