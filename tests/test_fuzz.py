@@ -98,6 +98,15 @@ def test_the_summary_prints_the_throughput(tmp_path):
     assert "throughput:" in done.stdout and "trials/s" in done.stdout
 
 
+def test_a_fuzz_campaign_writes_nothing_in_the_working_folder(tmp_path):
+    here = tmp_path / "here"
+    here.mkdir()
+    done = loadfuzz("fuzz", CORPUS, "--select", "libcz_pair_*", "--budget", "3s",
+                    "--db", tmp_path / "db", "--out", tmp_path / "out", cwd=here)
+    assert done.returncode == 1, done.stderr  # the pair collides
+    assert list(here.iterdir()) == []  # not even Hypothesis's own .hypothesis/
+
+
 # --- shrinking, on a made-up world where A then B fails -------------------------------
 
 

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, Phase, given, seed, settings, target
 from hypothesis import strategies as st
+from hypothesis.configuration import set_hypothesis_home_dir
 
-from loadfuzz import predict
+from loadfuzz import hostenv, predict
 from loadfuzz.campaign import RunOnce
 from loadfuzz.inventory import Inventory
 from loadfuzz.model import Sequence as Steps
@@ -65,6 +66,9 @@ class Search:
         """One Hypothesis run of ROUND_EXAMPLES examples, seeded; the new failures it shrank.
         Past `until` (the budget's end) no new sequence runs: the round winds down at once
         (a sequence already run answers from memory, so a failure stays a failure)."""
+        # Hypothesis keeps files of its own (a cache of constants) in .hypothesis/ of the
+        # working folder unless told otherwise: loadfuzz's cache folder, not the user's.
+        set_hypothesis_home_dir(hostenv.cache_folder() / "hypothesis")
 
         @seed(seed_)
         @settings(max_examples=ROUND_EXAMPLES, deadline=None, database=None,
