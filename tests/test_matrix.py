@@ -120,15 +120,21 @@ def resume_and_check(out):
     assert len(json.loads(done.stdout)["findings"]) == 8
 
 
-@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL],
-                         ids=["ctrl-c", "sigterm", "sighup", "sigkill"])
-def test_an_interrupted_campaign_keeps_whole_lines_and_resume_runs_each_trial_once(tmp_path, how):
+@pytest.mark.parametrize(("how", "times"), [(signal.SIGINT, 1), (signal.SIGTERM, 1),
+                                           (signal.SIGHUP, 1), (signal.SIGKILL, 1),
+                                           (signal.SIGTERM, 2)],
+                         ids=["ctrl-c", "sigterm", "sighup", "sigkill",
+                              "sigterm-twice-at-once-as-timeout-sends-it"])
+def test_an_interrupted_campaign_keeps_whole_lines_and_resume_runs_each_trial_once(
+        tmp_path, how, times):
     out = tmp_path / "out"
     campaign = start_matrix(out)
     wait_for_lines(out / "trials.jsonl", 150, campaign)
     harnesses = psutil.Process(campaign.pid).children(recursive=True)
     assert harnesses  # the fork servers and their trials
-    campaign.send_signal(how)
+    for again in range(times):  # `timeout` signals the process, then its group: one stop, twice
+        time.sleep(0.1 * again)
+        campaign.send_signal(how)
     status = campaign.wait(timeout=60)
     stderr = campaign.stderr.read()
     assert status == (-how if how == signal.SIGKILL else 128 + how), stderr

@@ -9,8 +9,9 @@ import contextlib
 import os
 import signal
 import sys
+import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from loadfuzz import hostenv
@@ -42,25 +43,37 @@ def one_line(error: BaseException) -> str:
     return text if isinstance(error, OSError | RuntimeError) else f"{type(error).__name__}: {text}"
 
 
-def stop_on_signals() -> None:
+def stop_on_signals() -> Callable[[], bool]:
     """SIGINT, SIGTERM and SIGHUP (Ctrl-C, a cancelled CI job, `timeout`, a closed terminal)
-    stop a command the same way: `Stopped`, once; a second one is not waited for politely."""
+    stop a command the same way: `Stopped`, once. The same stop often arrives twice at once
+    (`timeout` and CI runners signal the process, then its group): a signal within
+    SAME_STOP_S of the first is that one again, and ignored, so that the partial results
+    are still written; one after that is not waited for politely. Returns whether a stop
+    came."""
+    first: list[float] = []  # when the first stop came
 
     def stop(signum: int, _frame: object) -> None:
+        if not first:
+            first.append(time.monotonic())
+            raise Stopped(signum)
+        if time.monotonic() - first[0] < SAME_STOP_S:
+            return
         for again in STOP_SIGNALS:
             signal.signal(again, signal.SIG_DFL)
-        raise Stopped(signum)
+        os.kill(os.getpid(), signum)
 
     for signum in STOP_SIGNALS:
         signal.signal(signum, stop)
+    return lambda: bool(first)
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+SAME_STOP_S = 2.0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
-    stop_on_signals()
+    stopped = stop_on_signals()
     try:
         args = build_parser().parse_args(words)
         args.invocation = words
@@ -84,3 +97,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f"; the traceback is in {log}" if log else ""
         print(f"loadfuzz: could not finish: {what}{where}", file=sys.stderr)
         return COULD_NOT_FINISH
+    finally:
+        # A stopped command is over. The interpreter's end resets Python's handlers to the
+        # default, so the stop's second copy (`timeout` sends two) would kill the process
+        # after it said what it did, with another status: from here on it is ignored.
+        for signum in STOP_SIGNALS if stopped() else ():
+            signal.signal(signum, signal.SIG_IGN)
