@@ -107,6 +107,17 @@ def test_a_fuzz_campaign_writes_nothing_in_the_working_folder(tmp_path):
     assert list(here.iterdir()) == []  # not even Hypothesis's own .hypothesis/
 
 
+def test_a_known_finding_replays_only_in_a_flags_mode_the_campaign_takes(tmp_path):
+    db = tmp_path / "db"
+    night = loadfuzz("fuzz", CORPUS, "--select", "libcz_pair_*", "--flags", "local",
+                     "--budget", "3s", "--db", db, "--out", tmp_path / "local", "--json")
+    assert json.loads(night.stdout)["findings"], night.stderr  # kept, under local
+    loadfuzz("fuzz", CORPUS, "--select", "libcz_pair_*", "--flags", "global", "--budget", "3s",
+             "--db", db, "--out", tmp_path / "global")
+    records = [json.loads(line) for line in (tmp_path / "global" / "trials.jsonl").open()]
+    assert records and {s["flags"] for r in records for s in r["sequence"]} == {"global"}
+
+
 # --- shrinking, on a made-up world where A then B fails -------------------------------
 
 
@@ -186,6 +197,9 @@ def test_a_stopped_fuzz_campaign_keeps_whole_records_and_leaves_no_process_behin
             assert f"stopped by {how.name}" in stderr and "Traceback" not in stderr, stderr
             summary = json.loads((out / "summary.json").read_text())
             assert summary["incomplete"] is True and summary["trials"] >= 100
+            # what it found so far is kept for the next campaign to replay (and confirm)
+            assert summary["findings"] and len(summary["found"]) == len(summary["findings"])
+            assert [p for p in (tmp_path / "db").rglob("*") if p.is_file()]
         lines = (out / "trials.jsonl").read_bytes().splitlines()
         for line in lines[:-1] if how == signal.SIGKILL else lines:
             json.loads(line)  # whole records (a SIGKILL may tear the last one)

@@ -163,15 +163,17 @@ def run_fuzz(campaign: Prepared, options: FuzzOptions, watcher: Watcher,
                 confirmed = confirm_all(findings, trials, settings_.run.jobs)
             except BaseException:
                 trials.close()
-                write_partial(campaign, list(runs.values()), list(findings.found.values()), trials,
-                              started, time.monotonic() - clock, "finding", seed=base_seed,
-                              warnings=warnings, **search.summary(trials, findings.run.recalled))
+                kept = list(findings.found.values())
+                for record in kept:  # unconfirmed: the next campaign's replay confirms them
+                    remember(inv, db, record)
+                write_partial(campaign, list(runs.values()), kept, trials, started,
+                              time.monotonic() - clock, "finding", seed=base_seed,
+                              warnings=warnings, found=found_entries(findings, kept),
+                              **search.summary(trials, findings.run.recalled))
                 raise
             for record in confirmed:
                 remember(inv, db, record)
-            found = [{"sequence": [s.to_json() for s in r.sequence],
-                      "phase": findings.origins[Identity.of(r)][0],
-                      "after_s": findings.origins[Identity.of(r)][1]} for r in confirmed]
+            found = found_entries(findings, confirmed)
             summary = summarize(campaign, runs.values(), confirmed, trials, started,
                                 time.monotonic() - clock, seed=base_seed, max_len=options.max_len,
                                 db=str(options.db), found=found, warnings=warnings,
@@ -182,6 +184,13 @@ def run_fuzz(campaign: Prepared, options: FuzzOptions, watcher: Watcher,
     records = list(runs.values())
     campaign.folder.write_reports(summary, records, per="finding")
     return summary, records
+
+
+def found_entries(findings: Findings, records: Sequence[TrialRecord]) -> list[dict[str, Any]]:
+    """The summary's `found`: each finding's sequence, the phase that found it, and when."""
+    return [{"sequence": [s.to_json() for s in r.sequence],
+             "phase": findings.origins[Identity.of(r)][0],
+             "after_s": findings.origins[Identity.of(r)][1]} for r in records]
 
 
 def confirm_all(findings: Findings, trials: Trials, jobs: int) -> list[TrialRecord]:
@@ -215,7 +224,10 @@ def explore(findings: Findings, campaign: Prepared, options: FuzzOptions,
     if unreadable:
         warnings.append(f"--db {options.db}: ignored {unreadable} unreadable entr"
                         f"{'y' if unreadable == 1 else 'ies'}")
-    in_shard = [seq for seq in known if seq[0].lib in first_libs]
+    # a known sequence replays only as this campaign may load it: its libraries selected, each
+    # step in a flags mode of --flags (a finding saved under `local` is no `global` campaign's)
+    allowed = set(findings.options)
+    in_shard = [seq for seq in known if seq[0].lib in first_libs and allowed.issuperset(seq)]
     predicted = [p.sequence for p in predict.predict(inv, libs, settings_.flags)
                  if p.sequence[0].lib in first_libs]
     plan_ = workers.Plan(inv, libs, settings_.run, findings.options, first, options.max_len,
