@@ -77,6 +77,18 @@ def test_junit_fails_unexpected_findings_and_skips_expected_ones(tmp_path: Path)
     assert root.find("testsuite").get("failures") == "5"
 
 
+def test_a_stopped_campaign_is_an_error_in_junit_and_says_so_in_every_report(
+        tmp_path: Path) -> None:
+    summary, trials = campaign()
+    summary = dict(summary, incomplete=True, resume="loadfuzz matrix executorch --resume --out x")
+    report.write_all(tmp_path, summary, trials, per="pair")
+    suite = ET.parse(tmp_path / "junit.xml").getroot().find("testsuite")
+    [error] = suite.iter("error")  # a CI job gating on it fails
+    assert suite.get("errors") == "1" and "--resume --out x" in (error.text or "")
+    assert "<strong>Incomplete</strong>" in (tmp_path / "matrix.html").read_text()
+    assert "**Incomplete**" in (tmp_path / "report.md").read_text()
+
+
 def test_junit_skips_pairs_that_did_not_run_unless_a_shard_ran_them(tmp_path: Path) -> None:
     summary, trials = campaign(not_run=3)
     root = ET.parse(junit.write_junit(tmp_path, summary, trials)).getroot()

@@ -261,6 +261,10 @@ def render_html(campaign: CampaignView) -> str:
         f'<p class="verdict{" bad" if unexpected else ""}">{_e(campaign.verdict())}.</p>',
         f'<p class="meta">{" · ".join(meta)}</p>',
     ]
+    if summary.get("incomplete"):  # as report.md says it
+        resume = f" Continue with <code>{_e(summary['resume'])}</code>." if summary.get("resume") else ""
+        parts.append(f'<p class="verdict bad"><strong>Incomplete</strong>: the campaign was '
+                     f"stopped before the end; this page shows the trials that finished.{resume}</p>")
     if pairs:
         shown = set(campaign.rows())
         legend = "".join(

@@ -1,7 +1,8 @@
 """junit.xml: the campaign as test cases, so CI systems show findings as failures.
 
 One testcase per ordered pair and flags mode (matrix) or per distinct finding
-(fuzz). Unexpected findings fail; expected ones are skipped with their why.
+(fuzz). Unexpected findings fail; expected ones are skipped with their why. A
+campaign that stopped before it finished has one more testcase, in error.
 Characters XML 1.0 cannot carry are written as escapes.
 """
 
@@ -94,10 +95,17 @@ def render_junit(campaign: CampaignView, per: str) -> str:
             _testcase(suite, classname, sequence_label(record), campaign, record)
     else:
         raise ValueError(f"per must be 'pair' or 'finding', not {per!r}")
+    if summary.get("incomplete"):  # a stopped campaign must not read as a passing one
+        case = ET.SubElement(suite, "testcase", classname=classname, name="the campaign",
+                             time="0.000")
+        error = ET.SubElement(case, "error", message="incomplete: the campaign stopped before "
+                              "it finished", type="incomplete")
+        error.text = _x(f"{summary.get('trials', 0)} trials finished."
+                        + (f" Continue with: {summary['resume']}" if summary.get("resume") else ""))
     cases = suite.findall("testcase")
     suite.set("tests", str(len(cases)))
     suite.set("failures", str(sum(c.find("failure") is not None for c in cases)))
-    suite.set("errors", "0")
+    suite.set("errors", str(sum(c.find("error") is not None for c in cases)))
     suite.set("skipped", str(sum(c.find("skipped") is not None for c in cases)))
     suite.set("time", f"{sum(float(c.get('time', 0)) for c in cases):.3f}")
     if summary.get("started"):
