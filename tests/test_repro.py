@@ -2,6 +2,7 @@
 
 import itertools
 import json
+import shutil
 import signal
 import subprocess
 import time
@@ -41,6 +42,32 @@ def test_the_pytorch_duplicate_operator_text_is_read():
     message = read_message(TORCH_TEXT)
     assert (message.signature, message.op) == ("torch-duplicate-op",
                                                "quantized_decomposed::add.out")
+
+
+@pytest.mark.parametrize("quote", ["'", '"', "`"])
+def test_a_line_quoted_whole_is_read_as_the_line(quote):
+    for line in ("undefined symbol: fx_nowhere", TORCH_TEXT):
+        assert read_message(f"{quote}{line}{quote}") == read_message(line)
+
+
+@pytest.mark.parametrize("line", ["Segmentation fault (core dumped)",
+                                  "Fatal Python error: Segmentation fault"])
+def test_a_crash_line_that_names_no_message_is_reproduced_by_its_signal(line, tmp_path):
+    assert read_message(line).signal == signal.SIGSEGV
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    for name in ("clean", "segv"):
+        shutil.copy(hostile(name), libs)
+    done = loadfuzz("repro", line, libs, "--out", tmp_path / "out", "--json")
+    result = json.loads(done.stdout)
+    assert done.returncode == 0 and result["reproduced"], done.stderr
+    assert result["record"]["signal"] == signal.SIGSEGV
+
+
+def test_an_abort_line_with_nothing_else_is_reproduced_by_sigabrt_but_an_abort_message_wins():
+    assert read_message("Aborted (core dumped)\n").signal == signal.SIGABRT
+    message = read_message("fatal: widget table corrupt\nAborted (core dumped)\n")
+    assert message.signal is None and message.needle == "fatal: widget table corrupt"
 
 
 def test_an_unknown_abort_line_is_kept_as_text_to_look_for():

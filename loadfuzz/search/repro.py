@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import re
+import signal
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,16 @@ ABORT_WORDS = ("abort", "terminate", "fatal", "error", "re-registering", "regist
 COLOUR = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 TIME_STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?\s+",
                         re.MULTILINE)
+# A line quoted whole, as copied into an issue or a chat: 'undefined symbol: x'.
+QUOTED = re.compile(r"""^\s*(['"`])(.*)\1\s*$""", re.MULTILINE)
+# What a shell or CPython's faulthandler prints for a process a signal killed, which names no
+# message of its own: the signal is what to reproduce. ("Aborted" comes last: an abort's own
+# line, when the log has one, says more.)
+CRASHES = ((re.compile(r"Segmentation fault"), signal.SIGSEGV),
+           (re.compile(r"Bus error"), signal.SIGBUS),
+           (re.compile(r"Illegal instruction"), signal.SIGILL),
+           (re.compile(r"Floating point exception"), signal.SIGFPE))
+ABORTED = re.compile(r"\bAborted\b")
 
 
 @dataclass(frozen=True)
@@ -51,12 +62,15 @@ class Message:
     text: str  # the line that matters
     signature: str | None  # None: no signature of the catalogue matched
     op: str | None
+    signal: int | None = None  # a crash line without a message: the signal that killed it
 
     def matches(self, record: TrialRecord) -> bool:
         if record.clean:
             return False
         if self.signature is not None:
             return (record.signature, record.op) == (self.signature, self.op)
+        if self.signal is not None:
+            return record.signal == self.signal
         return self.needle in record.detail
 
     @property
@@ -69,7 +83,7 @@ class Message:
 def read_message(text: str) -> Message:
     """The signature and operator of the first line the catalogue knows, else the abort line
     (either without the colour codes and time stamps a CI log adds)."""
-    text = TIME_STAMP.sub("", COLOUR.sub("", text))
+    text = QUOTED.sub(r"\2", TIME_STAMP.sub("", COLOUR.sub("", text)))
     for sig in load_catalogue():
         found = sig.search(text)
         if found:
@@ -78,7 +92,14 @@ def read_message(text: str) -> Message:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if not lines:
         raise UsageError("the message is empty: give the abort line, or --log FILE")
+    for pattern, signum in CRASHES:
+        crashed = next((line for line in lines if pattern.search(line)), None)
+        if crashed is not None:
+            return Message(crashed, None, None, int(signum))
     telling = [line for line in lines if any(w in line.lower() for w in ABORT_WORDS)]
+    aborted = [line for line in telling if ABORTED.search(line)]
+    if aborted and len(aborted) == len(telling):  # nothing but "Aborted (core dumped)"
+        return Message(aborted[0], None, None, int(signal.SIGABRT))
     return Message((telling or lines)[0], None, None)
 
 
@@ -125,6 +146,7 @@ def reproduce(campaign: Prepared, message: Message, watcher: Watcher) -> dict[st
 
     def result() -> dict[str, Any]:
         return {"message": message.text, "signature": message.signature, "op": message.op,
+                "signal": message.signal,
                 "candidates": [lib.id for lib in candidates], "reproduced": found is not None,
                 "record": found.to_json() if found else None, "tried": tried,
                 "out": str(campaign.out)}
