@@ -193,6 +193,20 @@ def test_matrix_html_of_a_fuzz_campaign_is_the_findings_table(tmp_path: Path) ->
     assert '<table class="findings">' in page and "loadfuzz run a b c" in page
 
 
+def test_a_fuzz_campaigns_reports_list_only_the_flags_modes_it_was_given(tmp_path: Path) -> None:
+    mixed = TrialRecord(
+        sequence=(Step(StepKind.DLOPEN, KQ, Flags.GLOBAL), Step(StepKind.DLOPEN, PLUGIN, Flags.LOCAL)),
+        outcome=Outcome.CLEAN, step=None, signature=None, op=None, signal=None, exit_code=0,
+        detail="every step completed", duration_s=0.1, peak_rss_mb=80.0, repro="x").to_json()
+    summary, _ = campaign()
+    fuzz = {**summary, "command": "fuzz", "flags": ["global", "local"], "findings": [],
+            "unexpected": [], "expected": []}
+    report.write_all(tmp_path, fuzz, [mixed], per="finding")
+    tested = (tmp_path / "report.md").read_text()
+    assert "Flags modes: `global`, `local`\n" in tested and "global/local" not in tested
+    assert "global/local" not in (tmp_path / "matrix.html").read_text()
+
+
 # --- report.md -----------------------------------------------------------------------
 
 

@@ -109,8 +109,9 @@ class CampaignView:
         return [lib for lib in libraries if lib in firsts]
 
     def flags_modes(self) -> list[str]:
-        """The summary's flags modes, then any mode a pair trial was run under that it lacks."""
-        ran = map(flags_mode, self.pair_records())
+        """The summary's flags modes, then any mode a pair trial of a matrix was run under that
+        it lacks (a fuzz campaign's two-step trials mix modes: `global/local` is none)."""
+        ran = map(flags_mode, self.pair_records() if self.summary.get("command") != "fuzz" else ())
         return list(dict.fromkeys([*self.summary.get("flags", []), *ran]))
 
     def pair_records(self) -> list[Mapping[str, Any]]:
