@@ -89,3 +89,14 @@ def test_every_library_loaded_global_before_a_torch_plugin_leaves_the_heavy_serv
         assert forks_from_the_heavy_server(inv, tiers, lib.id, AOT, Flags.GLOBAL) is (not names), \
             (lib.id, sorted(names)[:5])
     assert any(verdicts.values()) and not all(verdicts.values())
+
+
+def test_a_trial_that_rebinds_torch_still_forks_from_libpython_and_the_cxx_runtime(executorch):
+    inv, tiers = executorch
+    libs = {lib.id: lib for lib in inv.libraries}
+    # _C's own search list puts the threadpool's cpuinfo before libtorch_cpu.so's
+    seq = (plan.dlopen(libs["lib/libexecutorch_etdump.so"], Flags.LOCAL),
+           plan.dlopen(libs["extension/pybindings/_C.cpython-311-x86_64-linux-gnu.so"], Flags.LOCAL))
+    preloaded = [step.path.name for step in tiers.preload(seq)]
+    assert preloaded and "libstdc++.so.6" in preloaded and preloaded[0].startswith("libpython")
+    assert not any(name.startswith(("libtorch", "libc10")) for name in preloaded)

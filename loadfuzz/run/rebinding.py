@@ -102,6 +102,20 @@ class Rebinding:
             state = load.after
         return False
 
+    def without_contested(self, preload: Sequence[HarnessStep]) -> tuple[HarnessStep, ...]:
+        """The preload's steps that map none of its objects with contested names (nor anything
+        their loads need): what a trial that `rebinds` may still fork from."""
+        preload = tuple(preload)
+        contested = set(self.contested(preload))
+        model = self.model
+        kept = []
+        for step in preload:
+            facts = model.by_path.get(step.path)
+            if facts is None or contested.isdisjoint(
+                    o.identity for o in model.map.search_list(facts)[0]):
+                kept.append(step)
+        return tuple(kept)
+
     def differs(self, names: dict[str, Key | None], scope: Sequence[Key],
                 everywhere: bool = False) -> bool:
         """Whether a name's first definer in `scope` is not its server definer: one found

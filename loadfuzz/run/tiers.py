@@ -150,7 +150,10 @@ class Tiers:
                      if step.kind is not StepKind.MODULE), default=LIGHT)
         tier = self.preloads[max(level, PYTHON) if python else level]
         if tier and self.rebinding is not None and self.rebinding.rebinds(tier, cold_steps(seq)):
-            return ()  # a library of the trial takes over a preloaded one's binding: nothing
+            # a library of the trial takes over a preloaded one's binding: the rest of the
+            # preload (libpython, the C++ runtime), if that rebinds nothing, else nothing
+            rest = self.rebinding.without_contested(tier)
+            return rest if not self.rebinding.rebinds(rest, cold_steps(seq)) else ()
         return tier
 
 
