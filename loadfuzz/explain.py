@@ -326,8 +326,7 @@ class Explainer:
             if target != caller and not self.in_closure(caller, target):
                 conditions.add("flags-decide")
         fields = dict(account.fields, count=str(shared), entry=symbol.symbol,
-                      embedding=" and ".join(embedding),
-                      owner=self.name(record, owner),
+                      embedding=" and ".join(embedding), owner=self.name(record, owner),
                       more=f" (+{shared - 1} more)" if shared > 1 else "")
         return replace(account, symbols=(symbol,), fields=fields, conditions=frozenset(conditions))
 
