@@ -153,6 +153,15 @@ LOAD_FAILED = {"exit_code": 0, "signal": None}
                       b"Only a single TORCH_LIBRARY can be used to register the namespace fxns; "
                       b"please put all of your definitions in a single TORCH_LIBRARY block.\n",
          "torch-duplicate-library", "fxns", Outcome.REREGISTER),
+        # Python's protobuf, and pybind11 3's native enums
+        (LOAD_FAILED, "TypeError: Couldn't build proto file into descriptor pool: duplicate file "
+                      "name fx.proto", b"", "protobuf-duplicate-file", "fx.proto",
+         Outcome.REREGISTER),
+        (LOAD_FAILED, 'ImportError: pybind11::native_enum<...>("FxColour") is already registered!',
+         b"", "pybind11-duplicate-type", "FxColour", Outcome.REREGISTER),
+        # a non-fatal protobuf error, then an unrelated exit: no collision named
+        (EXITED_1, "", b"[libprotobuf ERROR x.cc:1] File already exists in database: fx.proto\n",
+         None, None, Outcome.EXIT),
         # a versioned reference: "name, version V"
         (LOAD_FAILED, "/x/libfx_user.so: undefined symbol: fx_b, version VER_1", b"",
          "undefined-symbol", "fx_b", Outcome.LOAD_ERROR),
