@@ -93,6 +93,20 @@ def test_the_seed_abort_reproduces_with_two_libraries(tmp_path):
     assert rerun.returncode == 1 and "Re-registering quantized_decomposed::add.out" in rerun.stdout
 
 
+def test_another_operator_both_copies_carry_reproduces_the_collision_that_stops_first(tmp_path):
+    """The registry aborts at the first duplicate it meets (add.out, of 21): a report naming
+    another of them is the same collision."""
+    op = "quantized_decomposed::dequantize_per_channel.out"
+    done = loadfuzz("repro", f"Re-registering {op}", "executorch", "--add", LEGACY_PLUGIN,
+                    "--out", tmp_path / "out")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "the registry stopped at quantized_decomposed::add.out" in done.stdout
+    assert f"also both carry {op}" in done.stdout
+    result = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert (result["op"], result["record"]["op"]) == (op, "quantized_decomposed::add.out")
+    assert result["tried"] < 50
+
+
 def test_a_log_file_works_as_well_as_a_message(tmp_path):
     log = tmp_path / "crash.log"
     log.write_text(f"I 00:00:00.1 starting\n{ET_LINE.replace('quantized_decomposed::add.out', 'cz::pair_op.out')}\n")

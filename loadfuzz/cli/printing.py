@@ -177,6 +177,9 @@ def print_repro(result: dict, inv: Inventory) -> None:
     seq = " -> ".join(step_label(s) for s in record["sequence"])
     print(f"reproduced after {result['tried']} orders; minimal sequence: {seq}")
     print(f"  {record['outcome']} at step {record['step']}: {record['detail']}")
+    if result["op"] and record["op"] and record["op"] != result["op"]:
+        print(f"  the same collision: the registry stopped at {record['op']}, the first duplicate "
+              f"it met; the copies also both carry {result['op']}")
     print(f"repro: {record['repro']}")
     print(f"script: {Path(result['out']) / 'repro.sh'}")
 

@@ -9,7 +9,9 @@
    first: each alone, then ordered pairs, then pairs after one other library
    loaded `global` (a registry only reachable through the global scope),
    each under every flags mode (`local`, `global`, `python`), until a trial ends with the same signature and
-   operator (or, for an unknown line, prints it). The orders run on every core
+   operator (or, for an unknown line, prints it), or with the same signature in a
+   candidate's step after another candidate's: the same collision, stopped at
+   another of the names both copies register. The orders run on every core
    (`--jobs`), and the first one *in this order* that reproduces is the one
    kept, whichever trial ended first.
 4. **Shrink** the first that does (`shrink.simplify`) and write a standalone
@@ -121,6 +123,18 @@ def candidates_of(inv: Inventory, message: Message) -> list[Library]:
     return direct + through
 
 
+def same_collision(message: Message, record: TrialRecord, candidates: Sequence[Library]) -> bool:
+    """Whether the trial hit the message's collision, though its registry stopped at another of
+    the names both copies register (a registry aborts at the first duplicate it meets: two
+    copies of 21 operators always stop at the same one): the same signature, failing in a
+    candidate's step after another candidate's."""
+    if message.signature is None or record.signature != message.signature or record.step is None:
+        return False
+    ids = {lib.id for lib in candidates}
+    steps = [step.lib for step in record.sequence[:record.step + 1]]
+    return steps[-1] in ids and any(lib in ids and lib != steps[-1] for lib in steps[:-1])
+
+
 def orders(inv: Inventory, candidates: Sequence[Library]) -> Iterator[Steps]:
     """Candidate load orders, simplest and predicted-to-collide first."""
     options = step_options(candidates, MODES)
@@ -160,7 +174,7 @@ def reproduce(campaign: Prepared, message: Message, watcher: Watcher) -> dict[st
             with contextlib.closing(run.in_order(work, campaign.settings.run.jobs)) as records:
                 for record in records:
                     tried += 1
-                    if message.matches(record):
+                    if message.matches(record) or same_collision(message, record, candidates):
                         first = record  # the first that reproduces in this order, as if one by one
                         break
             if first is not None:
