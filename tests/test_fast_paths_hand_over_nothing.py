@@ -209,3 +209,63 @@ def test_a_dependency_whose_call_a_library_loaded_before_it_would_answer_is_not_
     assert verdicts[("libhook.so", "libuser.so", "local")] == "clean"
     assert verdicts[("libbundle.so", "libplain0.so", "local")] == "abort"
     assert verdicts[("libplain0.so", "libuser.so", "global")] == "clean"
+
+
+# A dependency that reads a table it exports (through its GOT, as for any exported object).
+TABLE_OWNER = r"""
+unsigned CRC_32[2] = {0, 7};
+__attribute__((constructor)) static void check_table(void) {
+    if (CRC_32[1] != 7) { fputs("hooked: CRC_32 is not mine\n", stderr); abort(); }
+}
+"""
+
+
+def test_a_weak_c_hook_or_a_table_named_like_a_version_tag_takes_the_binding_too(loader, tmp_path):
+    outside, libs = tmp_path / "outside", tmp_path / "libs"
+    outside.mkdir()
+    libs.mkdir()
+    build(outside, "hooked", HOOKED + TABLE_OWNER, "-Wl,-soname,libhooked.so")
+    build(libs, "weakhook", "__attribute__((weak)) int hook_check(void) { return 1; }\n")
+    build(libs, "table", "unsigned CRC_32[2] = {0, 99};\n")  # not a version tag, for all its name
+    build(libs, "user", USES_HOOKED, f"-L{outside}", "-lhooked", f"-Wl,-rpath,{outside}")
+    plain_libraries(libs, 1)
+    verdicts = matrix_agrees_with_the_loader(loader, libs, tmp_path / "out")
+    assert verdicts[("libweakhook.so", "libuser.so", "global")] == "abort"
+    assert verdicts[("libtable.so", "libuser.so", "global")] == "abort"
+
+
+
+def test_a_dependency_preloaded_for_one_library_never_answers_anothers_needed_name(
+        loader, tmp_path):
+    new, old, libs = tmp_path / "new", tmp_path / "vendored", tmp_path / "libs"
+    for folder in (new, old, libs):
+        folder.mkdir()
+    build(new, "X", "int x_api(void) { return 1; }\nint x_new_api(void) { return 2; }\n",
+          "-Wl,-soname,libX.so")
+    build(old, "X", "int x_api(void) { return 1; }\n", "-Wl,-soname,libX.so")
+    uses = "extern int x_new_api(void);\nint use(void) { return x_new_api(); }\n"
+    build(libs, "a", uses, f"-L{new}", "-lX", f"-Wl,-rpath,{new}")
+    build(libs, "b", uses, f"-L{new}", "-lX", f"-Wl,-rpath,{old}")  # finds an older libX first
+    build(libs, "c", uses, f"-L{new}", "-lX")  # finds none: it loads only after a sibling did
+    plain_libraries(libs, 1)
+    verdicts = matrix_agrees_with_the_loader(loader, libs, tmp_path / "out")
+    assert verdicts[("libplain0.so", "libb.so", "local")] == "load-error"
+    assert verdicts[("libplain0.so", "libc.so", "local")] == "load-error"
+    assert verdicts[("liba.so", "libc.so", "local")] == "clean"
+
+
+def test_a_dependency_that_leads_back_to_a_library_under_test_is_not_preloaded(loader, tmp_path):
+    outside, libs = tmp_path / "outside", tmp_path / "libs"
+    outside.mkdir()
+    libs.mkdir()
+    build(libs, "core", '#include <stdio.h>\n#include <stdlib.h>\n__attribute__((constructor)) '
+          'static void start(void) { if (getenv("FX_LEGACY")) { fputs("core: legacy backend '
+          'selected\\n", stderr); abort(); } }\nint core(void) { return 1; }\n')
+    build(outside, "mid", "extern int core(void);\nint mid(void) { return core(); }\n",
+          f"-L{libs}", "-lcore", f"-Wl,-rpath,{libs}")
+    build(libs, "config", '#include <stdlib.h>\n__attribute__((constructor)) static void set(void)'
+          ' { setenv("FX_LEGACY", "1", 1); }\n')
+    build(libs, "user", "extern int mid(void);\nint user(void) { return mid(); }\n",
+          f"-L{outside}", "-lmid", f"-Wl,-rpath,{outside}")
+    verdicts = matrix_agrees_with_the_loader(loader, libs, tmp_path / "out")
+    assert verdicts[("libconfig.so", "libuser.so", "local")] == "abort"

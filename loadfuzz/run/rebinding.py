@@ -39,7 +39,7 @@ from loadfuzz.elf.read import ElfFacts
 from loadfuzz.model import Flags, StepKind
 from loadfuzz.model import Sequence as Steps
 from loadfuzz.run.harness import HarnessStep
-from loadfuzz.run.standins import RESERVED, VERSION_TAG, Key, StandIns
+from loadfuzz.run.standins import RESERVED, Key, StandIns, State
 
 # Copies of one thing by definition: the C++ runtime's names (namespaces std and __gnu_cxx, and
 # their vtables, guard variables and functions' local statics), the ABI's __cxa_ functions,
@@ -79,10 +79,9 @@ class Rebinding:
 
     def _rebinds(self, preload: tuple[HarnessStep, ...], steps: Sequence[ColdStep]) -> bool:
         contested = self.contested(preload)
-        if not contested:
-            return False
         model = self.model
         state = model.start([step for step in preload if step.mode == "g"])
+        warm = model.start(preload)
         pending = set(contested)  # preloaded objects the cold run has not mapped yet
         for mode, path in steps:
             if mode == "p" and any(self.differs(contested[obj], state.global_scope)
@@ -93,14 +92,25 @@ class Rebinding:
                 if mode != "p":
                     return True
                 continue
+            if self.maps_otherwise(state, warm, facts):
+                return True
             load = model.open(state, facts, mode == "g")
             scope = model.lookup_scope(state, facts)
             mapped = pending.intersection(load.new)
             if any(self.differs(contested[obj], scope, everywhere=True) for obj in mapped):
                 return True
             pending -= mapped
-            state = load.after
+            state, warm = load.after, model.open(warm, facts, mode == "g").after
         return False
+
+    def maps_otherwise(self, cold: State, warm: State, root: ElfFacts) -> bool:
+        """Whether dlopen(root) would bring other objects in the server than in the cold run:
+        a preloaded object answers a NEEDED name by its SONAME (ld.so shares a loaded library
+        by name), which the cold run resolves to another file, or to none at all (a library
+        that loads only after a sibling brought the dependency it cannot find)."""
+        model = self.model
+        return ({obj.identity for obj in model.search_list(cold, root)}
+                != {obj.identity for obj in model.search_list(warm, root)})
 
     def without_contested(self, preload: Sequence[HarnessStep]) -> tuple[HarnessStep, ...]:
         """The preload's steps that map none of its objects with contested names (nor anything
@@ -157,18 +167,25 @@ class Rebinding:
 
     def contested_names(self, obj: ElfFacts, scope: list[Key],
                         everything: list[ElfFacts]) -> dict[str, Key | None]:
-        lookups = obj.undefined | obj.weak | obj.own_lookups
+        lookups = obj.undefined | obj.weak | obj.own_lookups  # (a version tag is never one)
         facts = self.model.facts
         names: dict[str, Key | None] = {}
         for other in everything:
-            for name in lookups & other.strong:
-                if name in names or name in RESERVED or VERSION_TAG.fullmatch(name) \
-                        or ODR_COPIES.match(name):
+            for name in lookups & meant(other):
+                if name in names or name in RESERVED or ODR_COPIES.match(name):
                     continue
                 server = next((key for key in scope if name in facts[key].defines), None)
                 if server != other.identity:
                     names[name] = server
         return names
+
+
+def meant(obj: ElfFacts) -> frozenset[str]:
+    """The definitions of an object that are its own, not copies of one thing: the strong
+    ones, and the weak ones of C names (a weak default hook is code of its own; only C++'s
+    inline functions and template instances, mangled `_Z...`, are one thing by the ODR)."""
+    return obj.strong | frozenset(name for name in obj.defines - obj.strong
+                                  if not name.startswith("_Z"))
 
 
 def cold_steps(seq: Steps) -> tuple[ColdStep, ...]:

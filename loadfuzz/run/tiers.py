@@ -8,7 +8,9 @@ and to tear down and most trials never reach it, so there are three tiers
 of server: *light* (only the C++ runtime the libraries need), *python*
 (libpython too) and *heavy* (the libtorch closure too). A trial forks from
 the lightest tier that holds what its libraries need. No tier ever holds a
-library under test.
+library under test, nor a dependency that leads back to one; a trial whose
+cold run would bind or find a preloaded object otherwise forks from less
+(`rebinding`).
 
 On top of the tiers, a *route* may put a library under test in front of a
 step, when `standins` proves that loading it first (RTLD_LOCAL) leaves the
@@ -58,13 +60,16 @@ LIGHT, PYTHON, HEAVY = 0, 1, 2
 ALWAYS_LOADED = ("libc.so", "libdl.so", "libpthread.so", "librt.so", "libm.so", "ld-linux")
 
 
-def preload_for(libraries: Sequence[Library]) -> tuple[HarnessStep, ...]:
+def preload_for(libraries: Sequence[Library], link_map: LinkMap | None = None,
+                ) -> tuple[HarnessStep, ...]:
     """What a fork server loads once for these libraries: never one of them.
 
     libpython RTLD_GLOBAL when any of them needs Python symbols (as every
     trial of such a library gets it), then every dependency outside the
     target (torch's libraries, the C++ runtime) RTLD_LOCAL, so that the global
-    scope a trial sees is the one a cold process would have.
+    scope a trial sees is the one a cold process would have. With the link map,
+    not a dependency whose own dependencies lead back to one of the libraries
+    (it would bring a library under test into the server, constructor and all).
     """
     steps: list[HarnessStep] = []
     if any(lib.needs_python for lib in libraries) and (python := hostenv.libpython_path()):
@@ -73,11 +78,19 @@ def preload_for(libraries: Sequence[Library]) -> tuple[HarnessStep, ...]:
     seen = {step.path for step in steps}
     for lib in libraries:
         for dep in lib.external:
-            if dep in seen or dep.name.startswith(ALWAYS_LOADED) or dep.resolve() in own:
+            if dep in seen or dep.name.startswith(ALWAYS_LOADED) or dep.resolve() in own \
+                    or leads_back(dep, own, link_map):
                 continue
             seen.add(dep)
             steps.append(HarnessStep("l", dep))
     return tuple(steps)
+
+
+def leads_back(dep: Path, own: set[Path], link_map: LinkMap | None) -> bool:
+    """Whether loading `dep` would map one of `own` (its closure, by the link map)."""
+    facts = link_map.files.get(dep) if link_map is not None else None
+    return facts is not None and any(obj.path.resolve() in own
+                                     for obj in link_map.search_list(facts)[0][1:])
 
 
 def tier_of(lib: Library) -> int:
@@ -115,7 +128,7 @@ class Tiers:
         under test may stand in front of steps (see `route`)."""
         libraries = tuple(libraries)
         chosen = libraries if servers_for is None else tuple(servers_for)
-        preloads = tuple(preload_for([lib for lib in chosen if tier_of(lib) <= level])
+        preloads = tuple(preload_for([lib for lib in chosen if tier_of(lib) <= level], link_map)
                          for level in (LIGHT, PYTHON, HEAVY))
         standins = StandIns(link_map, [lib.path for lib in chosen],
                             python_brings) if link_map else None
