@@ -175,8 +175,8 @@ class Rebinding:
                 if name in names or name in RESERVED or ODR_COPIES.match(name):
                     continue
                 server = next((key for key in scope if name in facts[key].defines), None)
-                if server != other.identity:
-                    names[name] = server
+                if server != other.identity and server not in self.model.first:
+                    names[name] = server  # (the C library's answer comes first in every scope)
         return names
 
 
