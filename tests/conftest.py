@@ -1,10 +1,11 @@
-"""Session fixtures: the fixture libraries must be built, and the demo's release check runs once."""
+"""Session fixtures: the fixture libraries must be built, the demo's release check runs once, and
+the tests' own plain loader is built once."""
 
 import json
 
 import pytest
 
-from support import LEGACY_PLUGIN, loadfuzz
+from support import LEGACY_PLUGIN, build_loader, loadfuzz
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -23,3 +24,9 @@ def legacy_matrix(tmp_path_factory):
     assert done.returncode == 1, done.stderr
     records = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
     return json.loads(done.stdout), records
+
+
+@pytest.fixture(scope="session")
+def loader(tmp_path_factory):
+    """The tests' own plain loader (`loader g:PATH l:PATH ...`): one fresh process per order."""
+    return build_loader(tmp_path_factory.mktemp("loader"))

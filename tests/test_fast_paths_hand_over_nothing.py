@@ -15,10 +15,8 @@ import json
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from loadfuzz import hostenv
-from support import build, build_loader, loadfuzz
+from support import build, loadfuzz
 
 # A runtime whose constructor opens its wake-up channel; a plugin that registers with it is
 # checked against the runtime's ABI only while that channel works (an ABI mismatch: abort).
@@ -55,9 +53,12 @@ __attribute__((constructor)) static void plug(void) { fdrt_register("v2"); }
 """
 
 
-@pytest.fixture(scope="module")
-def loader(tmp_path_factory) -> Path:
-    return build_loader(tmp_path_factory.mktemp("loader"))
+def folders(parent: Path, *names: str) -> list[Path]:
+    """New folders of these names in `parent` (a target, and what lies outside it)."""
+    made = [parent / name for name in names]
+    for folder in made:
+        folder.mkdir()
+    return made
 
 
 def plain_libraries(folder: Path, count: int) -> None:
@@ -98,9 +99,7 @@ def test_a_row_whose_first_step_opened_a_descriptor_is_not_shared(loader, tmp_pa
 
 
 def test_a_dependency_that_opens_a_descriptor_is_not_preloaded(loader, tmp_path):
-    outside, libs = tmp_path / "outside", tmp_path / "libs"
-    outside.mkdir()
-    libs.mkdir()
+    outside, libs = folders(tmp_path, "outside", "libs")
     build(outside, "fdrt", RUNTIME, "-Wl,-soname,libfdrt.so")
     build(libs, "linked", LINKED, f"-L{outside}", "-lfdrt", f"-Wl,-rpath,{outside}")
     plain_libraries(libs, 3)
@@ -194,9 +193,7 @@ USES_HOOKED = "extern int hook_check(void);\nint user(void) { return hook_check(
 
 def test_a_dependency_whose_call_a_library_loaded_before_it_would_answer_is_not_preloaded(
         loader, tmp_path):
-    outside, libs = tmp_path / "outside", tmp_path / "libs"
-    outside.mkdir()
-    libs.mkdir()
+    outside, libs = folders(tmp_path, "outside", "libs")
     build(outside, "hooked", HOOKED, "-Wl,-soname,libhooked.so")
     build(libs, "hook", HOOK)
     build(libs, "user", USES_HOOKED, f"-L{outside}", "-lhooked", f"-Wl,-rpath,{outside}")
@@ -221,9 +218,7 @@ __attribute__((constructor)) static void check_table(void) {
 
 
 def test_a_weak_c_hook_or_a_table_named_like_a_version_tag_takes_the_binding_too(loader, tmp_path):
-    outside, libs = tmp_path / "outside", tmp_path / "libs"
-    outside.mkdir()
-    libs.mkdir()
+    outside, libs = folders(tmp_path, "outside", "libs")
     build(outside, "hooked", HOOKED + TABLE_OWNER, "-Wl,-soname,libhooked.so")
     build(libs, "weakhook", "__attribute__((weak)) int hook_check(void) { return 1; }\n")
     build(libs, "table", "unsigned CRC_32[2] = {0, 99};\n")  # not a version tag, for all its name
@@ -237,9 +232,7 @@ def test_a_weak_c_hook_or_a_table_named_like_a_version_tag_takes_the_binding_too
 
 def test_a_dependency_preloaded_for_one_library_never_answers_anothers_needed_name(
         loader, tmp_path):
-    new, old, libs = tmp_path / "new", tmp_path / "vendored", tmp_path / "libs"
-    for folder in (new, old, libs):
-        folder.mkdir()
+    new, old, libs = folders(tmp_path, "new", "vendored", "libs")
     build(new, "X", "int x_api(void) { return 1; }\nint x_new_api(void) { return 2; }\n",
           "-Wl,-soname,libX.so")
     build(old, "X", "int x_api(void) { return 1; }\n", "-Wl,-soname,libX.so")
@@ -255,9 +248,7 @@ def test_a_dependency_preloaded_for_one_library_never_answers_anothers_needed_na
 
 
 def test_a_dependency_that_leads_back_to_a_library_under_test_is_not_preloaded(loader, tmp_path):
-    outside, libs = tmp_path / "outside", tmp_path / "libs"
-    outside.mkdir()
-    libs.mkdir()
+    outside, libs = folders(tmp_path, "outside", "libs")
     build(libs, "core", '#include <stdio.h>\n#include <stdlib.h>\n__attribute__((constructor)) '
           'static void start(void) { if (getenv("FX_LEGACY")) { fputs("core: legacy backend '
           'selected\\n", stderr); abort(); } }\nint core(void) { return 1; }\n')

@@ -18,14 +18,9 @@ from loadfuzz.model import Flags
 from loadfuzz.run.harness import HarnessStep
 from loadfuzz.run.rebinding import ODR_COPIES
 from loadfuzz.run.tiers import Tiers
-from support import ET, build_loader, what_the_loader_did
+from support import ET, what_the_loader_did
 
 AOT = "kernels/quantized/libquantized_ops_aot_lib.so"
-
-
-@pytest.fixture(scope="module")
-def loader(tmp_path_factory):
-    return build_loader(tmp_path_factory.mktemp("loader"))
 
 
 @pytest.fixture(scope="module")

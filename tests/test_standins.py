@@ -19,12 +19,7 @@ from loadfuzz.run.harness import Harness, HarnessDied, HarnessStep, Limits
 from loadfuzz.run.standins import StandIns
 from loadfuzz.run.tiers import Tiers
 from loadfuzz.run.trials import Trials, harness_steps
-from support import build, build_loader, hostile, loadfuzz, processes_holding, what_the_loader_did
-
-
-@pytest.fixture(scope="module")
-def loader(tmp_path_factory):
-    return build_loader(tmp_path_factory.mktemp("loader"))
+from support import build, hostile, loadfuzz, processes_holding, what_the_loader_did
 
 
 @pytest.fixture(scope="module")
