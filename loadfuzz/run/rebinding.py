@@ -14,9 +14,10 @@ happens must not fork from that server.
 The names that count are those a preloaded object's relocations name (its
 imports, and its own exported definitions that it reaches through its PLT
 or GOT: `ElfFacts.own_lookups`) and that another object the campaign can
-map defines *strongly*. Two kinds of duplicate are taken to be the same
-code, by C++'s one-definition rule, and left out: weak definitions (inline
-functions and template instances, which every C++ library repeats), and the
+map defines as its own: strongly, or weakly under a C name. Two kinds of
+duplicate are taken to be the same code, by C++'s one-definition rule, and
+left out: weak definitions of C++ names (inline functions and template
+instances, which every C++ library repeats), and the
 C++ runtime's own names (`std::`, `__gnu_cxx::`, their type_info and
 vtables, `__cxa_*`, `_Unwind_*`), which a library that links libstdc++
 statically exports as copies of the runtime. The replaceable allocation
@@ -25,7 +26,9 @@ library defines them so that they are used instead.
 
 Where a step loads Python code (an import, `torch.ops.load_library`), the
 objects that code maps are not known beforehand: each preloaded object not
-yet mapped is checked against the global scope at that step.
+yet mapped is checked against the global scope at that step. A step whose
+library a preloaded object would stand for by its SONAME, where the cold
+run finds another file or none, rebinds too (`maps_otherwise`).
 """
 
 from __future__ import annotations
@@ -139,9 +142,10 @@ class Rebinding:
         return False
 
     def contested(self, preload: tuple[HarnessStep, ...]) -> Contested:
-        """Per object the preload maps RTLD_LOCAL: the names it looks up (reserved names,
-        version tags and the C++ runtime's aside) that an object of the link map other than
-        the one the server bound it to defines strongly, with that server definer."""
+        """Per object the preload maps RTLD_LOCAL: the names it looks up (reserved names and
+        copies of one thing, ODR_COPIES, aside) that an object of the link map other than the
+        one the server bound it to defines as its own (`meant`), with that server definer;
+        never a name the C library answers (first in every scope)."""
         with self._lock:
             found = self._contested.get(preload)
         if found is not None:
