@@ -151,7 +151,7 @@ class Rebinding:
         if found is not None:
             return found
         model, found = self.model, {}
-        everything = list(model.facts.values())
+        everything = [(facts.identity, meant(facts)) for facts in model.facts.values()]
         state = model.start([step for step in preload if step.mode == "g"])
         for step in preload:
             facts = model.by_path.get(step.path)
@@ -170,16 +170,17 @@ class Rebinding:
         return found
 
     def contested_names(self, obj: ElfFacts, scope: list[Key],
-                        everything: list[ElfFacts]) -> dict[str, Key | None]:
+                        everything: list[tuple[Key, frozenset[str]]]) -> dict[str, Key | None]:
+        """`contested` for one object; `everything`: each object's own definitions (`meant`)."""
         lookups = obj.undefined | obj.weak | obj.own_lookups  # (a version tag is never one)
         facts = self.model.facts
         names: dict[str, Key | None] = {}
-        for other in everything:
-            for name in lookups & meant(other):
+        for other, own in everything:
+            for name in lookups & own:
                 if name in names or name in RESERVED or ODR_COPIES.match(name):
                     continue
                 server = next((key for key in scope if name in facts[key].defines), None)
-                if server != other.identity and server not in self.model.first:
+                if server != other and server not in self.model.first:
                     names[name] = server  # (the C library's answer comes first in every scope)
         return names
 

@@ -162,11 +162,12 @@ class Tiers:
         level = max((self.tiers.get(step.path, HEAVY) for step in seq
                      if step.kind is not StepKind.MODULE), default=LIGHT)
         tier = self.preloads[max(level, PYTHON) if python else level]
-        if tier and self.rebinding is not None and self.rebinding.rebinds(tier, cold_steps(seq)):
+        steps = cold_steps(seq)
+        if tier and self.rebinding is not None and self.rebinding.rebinds(tier, steps):
             # a library of the trial takes over a preloaded one's binding: the rest of the
             # preload (libpython, the C++ runtime), if that rebinds nothing, else nothing
             rest = self.rebinding.without_contested(tier)
-            return rest if not self.rebinding.rebinds(rest, cold_steps(seq)) else ()
+            return rest if not self.rebinding.rebinds(rest, steps) else ()
         return tier
 
 
