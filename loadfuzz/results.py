@@ -60,9 +60,7 @@ class ResultsFolder:
         self.trials_path = out / "trials.jsonl"
         if resume and not self.trials_path.exists():
             raise UsageError(f"--resume: {out} holds no campaign (no trials.jsonl)")
-        if out.exists() and not out.is_dir():
-            raise UsageError(f"--out {out}: not a folder")
-        usable(out, "--out")
+        usable(out, "--out")  # an existing file too: it is not a folder
         if not resume and self.holds_results():
             raise UsageError(self.taken)
         self.resume = resume

@@ -37,7 +37,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from loadfuzz import plan, predict
 from loadfuzz.campaign import Prepared, RunOnce, Watcher, run_work, summarize, write_partial
 from loadfuzz.inventory import Inventory
-from loadfuzz.model import Flags, Key, Step, StepKind, TrialRecord, UsageError
+from loadfuzz.model import Flags, Key, Step, StepKind, TrialRecord
 from loadfuzz.model import Sequence as Steps
 from loadfuzz.results import usable, utc_now
 from loadfuzz.run.trials import Trials, is_python
@@ -257,9 +257,7 @@ def probe_all(trials: Trials, options: Sequence[Step], jobs: int) -> dict[str, b
 
 
 def db_folder(path: Path) -> Path:
-    """The --db folder; one that cannot be made or written in is bad input (Hypothesis would
-    lose the findings it saves there without a word)."""
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"--db {path}: not a folder")
+    """The --db folder; a file there, or a folder that cannot be made or written in, is bad
+    input (Hypothesis would lose the findings it saves there without a word)."""
     usable(path, "--db")
     return path
