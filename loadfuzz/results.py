@@ -55,14 +55,9 @@ class ResultsFolder:
                  resumable: bool = True):
         """`resumable`: the command has a `--resume` (said when the folder is taken)."""
         self.out = out
-        self.taken = (f"{out} already holds results: pass "
-                      f"{'--resume or ' if resumable else ''}another --out")
+        self.taken = taken_message(out, resumable)
         self.trials_path = out / "trials.jsonl"
-        if resume and not self.trials_path.exists():
-            raise UsageError(f"--resume: {out} holds no campaign (no trials.jsonl)")
-        usable(out, "--out")  # an existing file too: it is not a folder
-        if not resume and self.holds_results():
-            raise UsageError(self.taken)
+        check_out(out, resume, resumable)
         self.resume = resume
         self.done: dict[Key, TrialRecord] = {}
         if resume:
@@ -94,7 +89,7 @@ class ResultsFolder:
         return done
 
     def holds_results(self) -> bool:
-        return self.out.is_dir() and any(p.name != LOCK for p in self.out.iterdir())
+        return holds_results(self.out)
 
     def _repair(self) -> None:
         """Drop a torn last line (the campaign was killed in the middle of one)."""
@@ -151,6 +146,25 @@ class ResultsFolder:
         if step_summary:
             with open(step_summary, "a", encoding="utf-8") as file:
                 file.write(report.markdown_summary(summary, trials) + "\n")
+
+
+def taken_message(out: Path, resumable: bool) -> str:
+    return f"{out} already holds results: pass {'--resume or ' if resumable else ''}another --out"
+
+
+def check_out(out: Path, resume: bool, resumable: bool = True) -> None:
+    """UsageError unless `out` can take this campaign: a folder this process can write in,
+    holding a campaign to continue with `resume`, and none without (`resumable`: the command
+    has a `--resume`). Cheap: a campaign checks it before it reads its target."""
+    if resume and not (out / "trials.jsonl").exists():
+        raise UsageError(f"--resume: {out} holds no campaign (no trials.jsonl)")
+    usable(out, "--out")  # an existing file too: it is not a folder
+    if not resume and holds_results(out):
+        raise UsageError(taken_message(out, resumable))
+
+
+def holds_results(out: Path) -> bool:
+    return out.is_dir() and any(p.name != LOCK for p in out.iterdir())
 
 
 def usable(folder: Path, what: str) -> None:

@@ -1,5 +1,7 @@
 """Bad input gets one clear line on stderr and exit 2: no traceback, nothing written."""
 
+import os
+
 import pytest
 
 from support import LEGACY_PLUGIN, QUANTIZED, loadfuzz
@@ -105,3 +107,40 @@ def test_a_path_with_spaces_newlines_and_non_ascii_is_valid_input(tmp_path):
     rerun = __import__("subprocess").run(["sh", "-c", summary["findings"][0]["repro"]],
                                          capture_output=True, text=True)
     assert rerun.returncode == 1 and "Re-registering quantized_decomposed::add.out" in rerun.stdout
+
+
+def baseline_of_nothing(folder):
+    return folder / "no-such-campaign"
+
+
+def taken(folder):
+    (folder / "used").mkdir()
+    (folder / "used" / "report.md").write_text("an earlier campaign's\n")
+    return folder / "used"
+
+
+BEFORE_THE_TARGET = {
+    "bad --expect": (lambda f: ["matrix", "executorch", "--expect", bad_toml(f)], "bad.toml"),
+    "missing --baseline": (lambda f: ["fuzz", "executorch", "--budget", "5s",
+                                      "--baseline", baseline_of_nothing(f)], "no such folder"),
+    "out under a file": (lambda f: ["matrix", "executorch", "--out", under_a_file(f)],
+                         "is not a folder"),
+    "out already used": (lambda f: ["matrix", "executorch", "--out", taken(f)], "already holds"),
+    "resume of nothing": (lambda f: ["matrix", "executorch", "--resume", "--out", f / "empty"],
+                          "holds no campaign"),
+}
+
+
+@pytest.mark.parametrize("case", BEFORE_THE_TARGET)
+def test_what_the_user_wrote_is_checked_before_the_target_is_read(tmp_path, case):
+    """A mistake in the command line costs nothing: no ELF file read, no cache filled."""
+    make, words = BEFORE_THE_TARGET[case]
+    folder = tmp_path / "input"
+    folder.mkdir()
+    args = make(folder)
+    if "--out" not in args:
+        args += ["--out", tmp_path / "out"]
+    cache = tmp_path / "cache"
+    done = loadfuzz(*args, cwd=tmp_path, env={**os.environ, "XDG_CACHE_HOME": str(cache)})
+    assert done.returncode == 2 and words in done.stderr, done.stderr
+    assert not cache.exists(), sorted(str(p.relative_to(cache)) for p in cache.rglob("*"))[:5]
