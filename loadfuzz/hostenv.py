@@ -60,5 +60,7 @@ def python_paths() -> list[str]:
 
 def cache_folder() -> Path:
     """Where loadfuzz keeps what it derives from files: the built harness, unpacked wheels,
-    what ELF files say (`elf/`) and what is derived from many (`derived/`)."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "loadfuzz"
+    what ELF files say (`elf/`) and what is derived from many (`derived/`). A relative
+    XDG_CACHE_HOME is ignored, as the XDG spec says (it would mean a cache per working folder)."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    return (Path(base) if os.path.isabs(base) else Path.home() / ".cache") / "loadfuzz"

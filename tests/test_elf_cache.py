@@ -12,7 +12,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from loadfuzz import inventory, targets
+from loadfuzz import hostenv, inventory, targets
 from loadfuzz.elf import cache as elf_cache
 from loadfuzz.elf import opnames, read
 from loadfuzz.elf.cache import ElfCache
@@ -226,3 +226,11 @@ def test_an_installed_distribution_lists_what_importlib_metadata_lists_without_i
     odd = ["a//b.so", "./a/b.so", "a/./b.so", "/abs/x.so", "//x.so", "a/b/", ".", "..",
            "../../bin/tool", "a/../b.so", "x.so"]
     assert targets.recorded_parts(Recorded(odd)) == [PurePosixPath(name).parts for name in odd]
+
+
+def test_a_relative_xdg_cache_home_is_ignored_as_the_xdg_spec_says(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", "cache/here")
+    assert hostenv.cache_folder() == tmp_path / ".cache" / "loadfuzz"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert hostenv.cache_folder() == tmp_path / "xdg" / "loadfuzz"
