@@ -4,6 +4,7 @@ import os
 
 import pytest
 
+from loadfuzz.cli.parser import budget
 from support import LEGACY_PLUGIN, QUANTIZED, loadfuzz
 
 
@@ -47,6 +48,8 @@ CASES = {
                                  "unknown flags mode"),
     "bad budget": (lambda f: ["fuzz", "executorch", "--budget", "ten minutes"], "bad --budget"),
     "zero budget": (lambda f: ["fuzz", "executorch", "--budget", "0s"], "bad --budget"),
+    "budget without its last unit": (lambda f: ["fuzz", "executorch", "--budget", "1h30"],
+                                     "(1h30m?)"),
     "bad shard": (lambda f: ["matrix", "executorch", "--shard", "4/3"], "bad --shard"),
     "shard text": (lambda f: ["fuzz", "executorch", "--shard", "half"], "bad --shard"),
     "toml error": (lambda f: ["matrix", "executorch", "--expect", bad_toml(f)], "bad.toml"),
@@ -144,3 +147,8 @@ def test_what_the_user_wrote_is_checked_before_the_target_is_read(tmp_path, case
     done = loadfuzz(*args, cwd=tmp_path, env={**os.environ, "XDG_CACHE_HOME": str(cache)})
     assert done.returncode == 2 and words in done.stderr, done.stderr
     assert not cache.exists(), sorted(str(p.relative_to(cache)) for p in cache.rglob("*"))[:5]
+
+
+def test_a_budget_reads_as_people_write_durations():
+    written = ("90", "90s", "10m", "1h", "1h30m", "2m30s", "1h0m5s", "1.5h")
+    assert [budget(text) for text in written] == [90, 90, 600, 3600, 5400, 150, 3605, 5400]

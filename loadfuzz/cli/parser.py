@@ -112,6 +112,10 @@ def budget(text: str) -> float:
                          text)
     if not text.strip() or not found or not any(found.groups()):
         raise UsageError(f"bad --budget {text!r}: expected a duration such as 60s, 10m or 1h")
+    if (found[1] or found[2]) and found[3] and not text.rstrip().endswith("s"):
+        unit = "m" if found[2] is None else "s"  # 1h30 reads as 1h30m to a person, 1h30s here
+        raise UsageError(f"bad --budget {text!r}: give the last number its unit "
+                         f"({text.strip()}{unit}?)")
     hours, minutes, seconds = (float(g) if g else 0.0 for g in found.groups())
     total = hours * 3600 + minutes * 60 + seconds
     if total <= 0:
