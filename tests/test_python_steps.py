@@ -59,6 +59,34 @@ def test_an_extension_is_named_as_import_finds_it_from_sys_path():
     assert module_name(outside, [str(SITE)]) == ("fxdup", outside.parent)
 
 
+def test_an_extension_reached_through_a_symbolic_link_or_dots_keeps_its_qualified_name(tmp_path):
+    """A venv's lib64 is a link to lib: the import system finds the file under its package
+    whichever way its path is written, so its packages are imported first either way."""
+    site = tmp_path / "lib" / "site-packages"
+    (site / "pkg").mkdir(parents=True)
+    (tmp_path / "lib64").symlink_to("lib")
+    name = "ext.cpython-311-x86_64-linux-gnu.so"
+    for written in (tmp_path / "lib64" / "site-packages" / "pkg" / name,
+                    site / "pkg" / ".." / "pkg" / name):
+        assert module_name(written, [str(site)]) == ("pkg.ext", None), written
+    # and an entry written through the link finds the file written without it
+    assert module_name(site / "pkg" / name, [str(tmp_path / "lib64" / "site-packages")]) == (
+        "pkg.ext", None)
+
+
+def test_a_py_step_through_a_linked_folder_runs_the_packages_that_cpython_runs(tmp_path):
+    """_training_lib's package imports modules this environment lacks: CPython's import fails,
+    and so must the step, however the path to the file is written."""
+    (tmp_path / "site").symlink_to(SITE)
+    module = Path("executorch/extension/training/pybindings/_training_lib"
+                  ".cpython-311-x86_64-linux-gnu.so")
+    real = cpython(f"import {qualified(SITE / module)}")
+    assert real[0] == "raised"
+    for path in (SITE / module, tmp_path / "site" / module):
+        record = json.loads(loadfuzz("run", "--json", f"py:{path}").stdout)
+        assert agree(record, real), (path, record["outcome"], record["detail"])
+
+
 @pytest.fixture(scope="module")
 def python_matrix(tmp_path_factory):
     out = tmp_path_factory.mktemp("python-matrix")

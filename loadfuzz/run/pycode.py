@@ -12,6 +12,7 @@ from its own folder, as `python` run in that folder would.
 from __future__ import annotations
 
 import importlib.machinery
+import itertools
 import keyword
 import os
 from collections.abc import Sequence
@@ -21,16 +22,22 @@ from loadfuzz.model import Flags, Step, StepKind
 
 
 def module_name(path: Path, search: Sequence[str]) -> tuple[str, Path | None]:
-    """The dotted name `import` gives the extension module at `path` from the sys.path `search`,
-    and the folder to put first on sys.path when no entry holds it (else None)."""
+    """The dotted name `import` gives the extension module at `path` from the sys.path `search`
+    (symbolic links and `..` resolved too), and the folder to put first on sys.path when no
+    entry holds it (else None)."""
     name = path.name
     suffix = next((s for s in sorted(importlib.machinery.EXTENSION_SUFFIXES, key=len, reverse=True)
                    if name.endswith(s)), None)
     stem = name[:-len(suffix)] if suffix else name.split(".")[0]
     best: str | None = None
-    for entry in search:
+    # as written and as the file system resolves it (a venv's lib64 -> lib, a `..`), against
+    # each entry as written and resolved: the import system finds the file either way
+    places = dict.fromkeys((path, path.parent.resolve() / path.name))
+    entries = dict.fromkeys(form for given in search if given
+                            for form in (given, os.path.realpath(given)))
+    for entry, place in itertools.product(entries, places):
         try:
-            parts = path.relative_to(entry).parts[:-1]
+            parts = place.relative_to(entry).parts[:-1]
         except ValueError:
             continue
         dotted = ".".join([*parts, stem])
