@@ -219,57 +219,64 @@ static void set_error_hex(struct trace *tr, const char *hex) {
     tr->err[n] = '\0';
 }
 
-/* What runs a Python step's source, as `python -c SOURCE` would run it: compiled as
- * "<string>", in __main__'s namespace (or, `in_main` 0, a server's preload: in one of its own,
- * so that __main__ is left as a trial's cold run has it). SystemExit goes on to CPython,
- * which finalizes and exits with its code as `python -c` does. Any other exception is
- * printed by sys.excepthook, and the step's error is the last line CPython prints for it,
- * then that of each exception in its chain, one per line: its cause, and its cause's, and
- * so on; from the first exception it was raised while handling on (its context), each line
- * begins "while handling: " (never a cause of the failure, however it reads); after a
- * KeyboardInterrupt the process ends as python's does, by SIGINT. */
-static const char PY_STEP[] =
-    "def _loadfuzz_step(code, main):\n"
-    "    import sys\n"
-    "    space = sys.modules['__main__'].__dict__ if main else {'__name__': '__loadfuzz__'}\n"
+/* A step's source runs as `python -c SOURCE` runs it: PyRun_SimpleString, in __main__,
+ * compiled as "<string>", no frame of ours around it (a module that walks its callers, or
+ * warns with a stacklevel, sees what it sees under python -c). SystemExit goes to CPython,
+ * which finalizes and exits with its code; any other exception CPython prints with
+ * sys.excepthook, and keeps as sys.last_value. A server's preload runs apart instead
+ * (PY_APART: in a namespace of its own, so that __main__ is left as a trial's cold run has
+ * it). Then PY_AFTER, apart too: what Python printed goes out before the step ends, as at a
+ * real exit; for a failed step (its %d) the step's error is the last line CPython printed
+ * for the exception, then that of each exception in its chain, one per line: its cause, and
+ * its cause's, and so on; from the first exception it was raised while handling on (its
+ * context), each line begins "while handling: " (never a cause of the failure, however it
+ * reads); after a KeyboardInterrupt the process ends as python's does, by SIGINT. */
+static const char PY_APART[] =
+    "exec(compile(bytes.fromhex('%s').decode('utf-8', 'surrogateescape'), '<string>', 'exec'),"
+    " {'__name__': '__loadfuzz__'})\n";
+static const char PY_AFTER[] =
+    "import os, sys\n"
+    "for f in (sys.stdout, sys.stderr):\n"
+    "    try: f.flush()\n"
+    "    except BaseException: pass\n"
+    "e = getattr(sys, 'last_value', None) if %d else None\n"
+    "if e is not None:\n"
+    "    if isinstance(e, KeyboardInterrupt):\n"
+    "        os.environ['LOADFUZZ_PY_SIGINT'] = '1'\n"
+    "    lines = []\n"
     "    try:\n"
-    "        exec(compile(code, '<string>', 'exec'), space)\n"
-    "    except SystemExit:\n"
-    "        raise\n"
-    "    except BaseException as e:\n"
-    "        tb = e.__traceback__\n"
-    "        try:\n"
-    "            sys.excepthook(type(e), e, tb.tb_next if tb is not None else None)\n"
-    "        except BaseException:\n"
-    "            pass\n"
-    "        import os\n"
-    "        if isinstance(e, KeyboardInterrupt):\n"
-    "            os.environ['LOADFUZZ_PY_SIGINT'] = '1'\n"
-    "        lines = []\n"
-    "        try:\n"
-    "            import traceback\n"
-    "            te = traceback.TracebackException(type(e), e, None, limit=0,\n"
-    "                                              lookup_lines=False, compact=True)\n"
-    "            link = ''\n"
-    "            while te is not None and len(lines) < 8:\n"
-    "                te.__notes__ = None\n"
-    "                lines.append(link + list(te.format_exception_only())[-1].rstrip('\\n'))\n"
-    "                nxt = te.__cause__\n"
-    "                if nxt is None and not te.__suppress_context__:\n"
-    "                    nxt, link = te.__context__, 'while handling: '\n"
-    "                te = nxt\n"
-    "        except BaseException:\n"
-    "            lines = lines or ['an exception whose text could not be read']\n"
-    "        text = '\\n'.join(lines).replace('\\0', '\\\\x00')\n"
-    "        os.environ['LOADFUZZ_PY_ERROR'] = text.encode('utf-8', 'backslashreplace').hex()\n"
-    "    finally:\n" /* what Python printed is out before the step ends, as at a real exit */
-    "        for f in (sys.stdout, sys.stderr):\n"
-    "            try: f.flush()\n"
-    "            except BaseException: pass\n"
-    "try:\n"
-    "    _loadfuzz_step(bytes.fromhex('%s').decode('utf-8', 'surrogateescape'), %d)\n"
-    "finally:\n"
-    "    del _loadfuzz_step\n";
+    "        import traceback\n"
+    "        te = traceback.TracebackException(type(e), e, None, limit=0,\n"
+    "                                          lookup_lines=False, compact=True)\n"
+    "        link = ''\n"
+    "        while te is not None and len(lines) < 8:\n"
+    "            te.__notes__ = None\n"
+    "            lines.append(link + list(te.format_exception_only())[-1].rstrip('\\n'))\n"
+    "            nxt = te.__cause__\n"
+    "            if nxt is None and not te.__suppress_context__:\n"
+    "                nxt, link = te.__context__, 'while handling: '\n"
+    "            te = nxt\n"
+    "    except BaseException:\n"
+    "        lines = lines or ['an exception whose text could not be read']\n"
+    "    text = '\\n'.join(lines).replace('\\0', '\\\\x00')\n"
+    "    os.environ['LOADFUZZ_PY_ERROR'] = text.encode('utf-8', 'backslashreplace').hex()\n";
+
+/* Run `source` apart (PY_APART) with Python's PyRun_SimpleString; what that returns. The
+ * source goes in as hex, so that no byte of it can break the words around it. */
+static int run_apart(int (*run)(const char *), const char *source) {
+    size_t len = strlen(source);
+    char *hex = malloc(2 * len + 1), *code = malloc(2 * len + sizeof PY_APART);
+    int rc = -1;
+    if (hex && code) {
+        for (size_t i = 0; i < len; i++) sprintf(hex + 2 * i, "%02x", (unsigned char)source[i]);
+        hex[2 * len] = '\0';
+        sprintf(code, PY_APART, hex);
+        rc = run(code);
+    }
+    free(hex);
+    free(code);
+    return rc;
+}
 
 /* Run Python source in an interpreter this process embeds, started on first use as
  * the program LOADFUZZ_PYTHON names (its sys.path, its site-packages and .pth files, its
@@ -293,18 +300,15 @@ static int run_python(const char *source, int in_main, struct trace *tr) {
         /* the script's folder first on sys.path, and sys.argv, as `python -c` has them */
         run("__import__('sys').path.insert(0, ''); __import__('sys').argv[:] = ['-c']");
     }
-    /* The source goes in as hex, so no byte of it can break the wrapper around it. */
-    size_t len = strlen(source);
-    char *hex = malloc(2 * len + 1), *code = malloc(2 * len + sizeof PY_STEP + 16);
-    if (!hex || !code) { free(hex); free(code); set_error(tr, "out of memory"); return -1; }
-    for (size_t i = 0; i < len; i++) sprintf(hex + 2 * i, "%02x", (unsigned char)source[i]);
-    hex[2 * len] = '\0';
-    sprintf(code, PY_STEP, hex, in_main);
     unsetenv("LOADFUZZ_PY_ERROR");
     unsetenv("LOADFUZZ_PY_SIGINT");
-    int failed = run(code) != 0; /* the wrapper itself failed: it printed why */
-    free(hex);
-    free(code);
+    int failed = (in_main ? run(source) : run_apart(run, source)) != 0;
+    char after[sizeof PY_AFTER + 8];
+    snprintf(after, sizeof after, PY_AFTER, failed);
+    if (run_apart(run, after) != 0 && !failed) {
+        set_error(tr, "the step's output could not be flushed");
+        return -1;
+    }
     if (getenv("LOADFUZZ_PY_SIGINT")) { /* as python ends on it: finalized, then by SIGINT */
         finalize_python();
         signal(SIGINT, SIG_DFL);

@@ -42,6 +42,13 @@ CASES = {
                 "warnings.warn('case_depwarn is deprecated', DeprecationWarning, stacklevel=2)\n"),
     "atexit": "import atexit, os\natexit.register(lambda: os._exit(4))\n",
     "kbint": "raise KeyboardInterrupt\n",  # python ends by SIGINT, after its traceback
+    # a warning attributed two frames above the import: past python -c's one frame, to sys,
+    # where CPython's filters hide a DeprecationWarning (a frame of ours would show it)
+    "callers": ("import os, warnings\nwarnings.showwarning = lambda *args, **kwargs: os._exit(9)\n"
+                "warnings.warn('case_callers is deprecated', DeprecationWarning, stacklevel=3)\n"),
+    # a module that puts another object in its place in sys.modules
+    "proxy": ("import sys, types\n"
+              "sys.modules['boot_proxy'] = types.SimpleNamespace(answer=42)\n"),
     "thread": ("import os, threading, time\n"
                "threading.Thread(target=lambda: (time.sleep(0.2), os._exit(5))).start()\n"),
 }

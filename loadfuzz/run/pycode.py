@@ -62,11 +62,14 @@ def import_statement(name: str) -> str:
 
 
 # The import of an extension module by file, then a check (that leaves no name behind) that it
-# found that very file.
+# found that very file: a module must be it. (An object that is no module and names no file is
+# one the module put in its own place in sys.modules, a lazy or proxy module, as CPython allows.)
 IMPORT = """\
-{prefix}{statement}_loadfuzz_found = getattr(__import__('sys').modules[{name!r}], '__file__', None)
-if not _loadfuzz_found or not __import__('os').path.samefile(_loadfuzz_found, {path!r}):
-    raise ImportError('import ' + {name!r} + ' found ' + str(_loadfuzz_found) + ', not ' + {path!r})
+{prefix}{statement}_loadfuzz_found = __import__('sys').modules.get({name!r})
+if isinstance(_loadfuzz_found, type(__import__('sys'))) or hasattr(_loadfuzz_found, '__file__'):
+    _loadfuzz_found = getattr(_loadfuzz_found, '__file__', None)
+    if not _loadfuzz_found or not __import__('os').path.samefile(_loadfuzz_found, {path!r}):
+        raise ImportError('import ' + {name!r} + ' found ' + str(_loadfuzz_found) + ', not ' + {path!r})
 del _loadfuzz_found
 """
 
