@@ -92,7 +92,13 @@ def as_python_loads_it(seq: Sequence) -> Sequence:
 def run_cold(seq: Sequence, limits: Limits) -> TrialRecord:
     """One trial of `seq` in a fresh process (what `run` and this API do)."""
     files = list(dict.fromkeys(s.path for s in seq if s.kind is not StepKind.MODULE))
-    inv = inventory.load_libraries(files) if files else None
-    tiers = Tiers.of(inv.libraries) if inv else NO_TIERS
-    with Trials(limits, tiers, cold=True, explainer=Explainer(inv) if inv else None) as trials:
+    if not files:  # modules by name only: nothing to read, a finding is still explained
+        inv = inventory.Inventory("", "modules", None, Path.cwd(), (), ())
+        return run_with(seq, limits, NO_TIERS, Explainer(inv))
+    inv = inventory.load_libraries(files)
+    return run_with(seq, limits, Tiers.of(inv.libraries), Explainer(inv))
+
+
+def run_with(seq: Sequence, limits: Limits, tiers: Tiers, explainer: Explainer) -> TrialRecord:
+    with Trials(limits, tiers, cold=True, explainer=explainer) as trials:
         return trials.run(seq)

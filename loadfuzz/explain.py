@@ -9,10 +9,9 @@ and the fixes, most specific first.
 
 The evidence is what the loader itself said about the finding's cold
 confirmation run (`run.ldtrace`: which objects came in and why, where each
-registering library's entry point bound, the constructor that ran last).
-Only where that account is missing (no trace, or a run that ended otherwise)
-do the ELF files speak instead, through the static replay of `predict`; the
-cause says which (`evidence`: "observed" or "static").
+registering library's entry point bound, the constructor that ran last), else
+(no trace, or a run that ended otherwise) the ELF files, through the static
+replay of `predict`; the cause says which (`evidence`: "observed" or "static").
 """
 
 from __future__ import annotations
@@ -34,10 +33,9 @@ from loadfuzz.run import ldtrace
 from loadfuzz.run.ldtrace import LoaderTrace
 
 # What the text says of a copy or a binding that neither the run nor the ELF files identify.
-UNIDENTIFIED = {"first": "a library loaded earlier",
+UNIDENTIFIED = {"first": "a library loaded earlier", "entry": "their registration calls",
                 "first_how": "which one, neither the loader's report nor the ELF files tell",
-                "entry": "their registration calls", "owner": "the process", "more": "",
-                "count": "?"}
+                "owner": "the process", "more": "", "count": "?"}
 SYSTEM = ("/lib/", "/lib64/", "/usr/lib/", "/usr/lib64/", "/usr/local/lib/")
 MOST_SYMBOLS = 8
 
@@ -265,7 +263,9 @@ class Explainer:
         rule = self.rule(record, Account(None, ()))
         if rule.kind in kinds:
             return kinds[rule.kind]()
-        return self.interposed(record, objects, trace) or self.culprit(record, objects, trace)
+        named = record.signature in rule.signatures  # it says what it is: a missing module
+        return (None if named else self.interposed(record, objects, trace)) or self.culprit(
+            record, objects, trace)
 
     def culprit(self, record: TrialRecord, objects: list[Loaded],
                 trace: LoaderTrace | None) -> Account:

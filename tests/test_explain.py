@@ -7,6 +7,7 @@ against the static replay of the ELF files, which must tell the same story.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -23,6 +24,7 @@ from loadfuzz.run.harness import Limits
 from loadfuzz.run.trials import Trials
 from support import (
     AOT_ID,
+    ET,
     FIXTURES,
     KQ,
     LEGACY_PLUGIN,
@@ -201,6 +203,25 @@ def test_a_library_whose_own_symbols_bound_to_an_earlier_global_copy_is_interpos
     assert [s.symbol for s in record.cause.symbols] == ["fx_hook"]
     assert record.cause.symbols[0].bindings == ((str(second), str(first)),)
     assert run_load_order(None, f"local:{first}", f"local:{second}").clean
+
+
+def test_a_failure_its_signature_names_is_not_put_down_to_a_binding_seen_on_the_way():
+    """The QNN backend, loaded global first, lends the Python adaptor a copy of a libstdc++
+    template static (a binding of no consequence); the adaptor's import then fails on numpy,
+    which this environment lacks: the cause is the missing module, as for the import alone."""
+    assert importlib.util.find_spec("numpy") is None, "the premise: no numpy here"
+    adaptor = f"py:{ET / 'backends/qualcomm/python/PyQnnManagerAdaptor.cpython-311-x86_64-linux-gnu.so'}"
+    for steps in ([adaptor], [f"global:{ET / 'lib/libexecutorch_backend_qnn.so'}", adaptor]):
+        record = run_load_order(None, *steps)
+        assert (record.signature, record.op) == ("python-missing-module", "numpy")
+        assert record.cause.kind == "missing-python-module", (steps, record.cause.text)
+        assert [fix.name for fix in record.cause.fixes] == ["install"]
+
+
+def test_a_module_imported_by_name_is_explained_too():
+    record = run_load_order(None, "import:loadfuzz_fixture_dependency_nobody_installed")
+    assert record.cause.kind == "missing-python-module"
+    assert "loadfuzz_fixture_dependency_nobody_installed" in record.cause.text
 
 
 def test_a_finding_of_the_fast_path_is_explained_by_its_cold_confirmation(executorch_with_plugin):
