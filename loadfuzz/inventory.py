@@ -221,13 +221,16 @@ def load_targets(names: Sequence[str], add: Sequence[Path] = (), env: bool = Fal
     reader = reader or ElfReader(ElfCache.default(), consulted)
     found = ([targets.locate(name, reader.consulted) for name in names]
              + (targets.environment(reader.consulted) if env else []))
+    # named twice (or by name and by --env): once is enough (distributions share site-packages
+    # as their root, so a target is its root and its label); each by its first position
+    first: dict[tuple[Path, str], int] = {}
+    for position, target in enumerate(found):
+        first.setdefault((target.root.resolve(), target.label), position)
+    if len(first) == 1 and not env:  # one target after all: its own ids and version
+        return load_target(names[0], add, reader, consulted)
     files: dict[str, Path] = {}
     labels: list[str] = []
-    seen: set[tuple[Path, str]] = set()  # distributions share site-packages as their root
-    for target in found:
-        if (target.root.resolve(), target.label) in seen:
-            continue  # named twice (or by name and by --env): once is enough
-        seen.add((target.root.resolve(), target.label))
+    for target in (found[position] for position in first.values()):
         # two folders of one name (a/libs, b/libs): the second is libs-2, so no id is lost
         label = next(label for label in itertools.chain(
             [target.label], (f"{target.label}-{n}" for n in itertools.count(2)))

@@ -174,3 +174,14 @@ def test_two_folders_of_one_name_are_two_targets_and_every_library_counts(tmp_pa
     assert done.returncode == 0, done.stderr
     ids = sorted(lib["id"] for lib in json.loads(done.stdout)["libraries"])
     assert ids == ["libs-unversioned-2/libtwo.so", "libs-unversioned/libone.so"]
+
+
+def test_a_target_named_twice_is_one_target_with_its_own_ids_and_version():
+    """The ids an expectations file names (lib/x.so) hold however often the one target is
+    named: a distribution, or a folder."""
+    from loadfuzz import inventory
+
+    for name in ("executorch", str(ROOT / "build" / "fixtures" / "corpus")):
+        once, twice = (inventory.load_targets([name] * n) for n in (1, 2))
+        assert (twice.version, twice.labels) == (once.version, ())
+        assert [lib.id for lib in twice.libraries] == [lib.id for lib in once.libraries]
