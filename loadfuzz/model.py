@@ -90,8 +90,8 @@ class Step:
 
     def spelling(self) -> str:
         """The way a user types this step on the `run` command line (path form)."""
-        if self.kind is StepKind.IMPORT:
-            return f"py:{self.path}"
+        if self.kind is StepKind.IMPORT:  # python: on an extension module is its import too
+            return f"{'python' if self.flags is Flags.PYTHON else 'py'}:{self.path}"
         if self.kind is StepKind.MODULE:
             return f"import:{self.lib}"
         return f"{self.flags.value}:{self.path}"
@@ -154,6 +154,8 @@ def step_label(step: Mapping[str, Any]) -> str:
     """A step (JSON form) as `run` spells it, with the library id: `global:lib/x.so`, `py:ext.so`,
     `import:torch`."""
     prefixes = {StepKind.IMPORT.value: "py", StepKind.MODULE.value: "import"}
+    if step["flags"] == Flags.PYTHON.value and step["kind"] != StepKind.MODULE.value:
+        return f"python:{step['lib']}"  # an extension's import, as `python:` spells it
     return f"{prefixes.get(step['kind'], step['flags'])}:{step['lib']}"
 
 

@@ -145,6 +145,10 @@ def test_a_python_step_of_an_extension_module_imports_it_as_python_code_would():
     assert record["sequence"][0]["kind"] == "import"
     assert (record["outcome"], record["signature"], record["op"]) == (
         "reregister", "pybind11-duplicate-type", "FxType")
+    # its repro command reruns that very trial: the same steps, flags and all
+    again = json.loads(subprocess.run(record["repro"] + " --json", shell=True, capture_output=True,
+                                      text=True, timeout=120).stdout)
+    assert again["sequence"] == record["sequence"] and again["outcome"] == record["outcome"]
 
 
 def test_import_by_name_records_the_exception_and_a_missing_module_is_its_own_signature():
