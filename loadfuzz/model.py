@@ -123,6 +123,7 @@ MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 # The longest limit a step may have, in seconds (a week): the harness counts nanoseconds in
 # 64 bits, and nan or inf would be no limit at all.
 MAX_TIMEOUT_S = 7 * 24 * 3600
+DEFAULT_MEM_MB = 16384  # a trial's RLIMIT_AS: libtorch alone maps several GB
 
 
 def parse_step(text: str, default: Flags, locate: Callable[[str], Path | None]) -> Step:

@@ -95,3 +95,14 @@ def test_the_harness_loadfuzz_and_the_docs_name_one_protocol_version():
     assert protocol.startswith(f"# The harness protocol, version {PROTOCOL_VERSION}\n")
     assert f"| {PROTOCOL_VERSION} | " in protocol  # its line in the table of changes
     assert f"the harness protocol (version {PROTOCOL_VERSION})" in index
+
+
+def test_every_option_of_every_command_says_what_it_does_in_its_help():
+    from loadfuzz.cli.parser import build_parser
+
+    parser = build_parser()
+    silent = [f"{name} {action.option_strings or action.dest}"
+              for name, command in parser._subparsers._group_actions[0].choices.items()
+              for action in command._actions
+              if not action.help and action.dest != "help"]
+    assert silent == []

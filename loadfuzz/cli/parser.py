@@ -10,7 +10,7 @@ import os
 import re
 from pathlib import Path
 
-from loadfuzz.model import MAX_TIMEOUT_S, Flags, UsageError
+from loadfuzz.model import DEFAULT_MEM_MB, MAX_TIMEOUT_S, Flags, UsageError
 from loadfuzz.plan import WHOLE, Shard
 
 EXAMPLES = {
@@ -137,7 +137,8 @@ def build_parser() -> Parser:
         sub.add_argument("--timeout", type=seconds, default=10.0, metavar="S",
                          help="time limit of one step, in seconds (default 10)")
         sub.add_argument("--mem", type=megabytes, metavar="MB",  # default: Limits()'s
-                         help="memory ceiling (RLIMIT_AS) of a trial in MiB")
+                         help=f"memory ceiling (RLIMIT_AS) of a trial in MiB "
+                              f"(default {DEFAULT_MEM_MB})")
         sub.add_argument("--at-exit", action="store_true",
                          help="end trials with exit(), running destructors (slower)")
         sub.add_argument("--cold", action="store_true",
@@ -146,14 +147,16 @@ def build_parser() -> Parser:
     def targets(sub: Parser, positional: bool = True) -> None:
         if positional:
             sub.add_argument("targets", nargs="*", metavar="TARGET",
-                             help="a .whl, a directory, or an installed distribution's name; "
-                                  "several make one campaign (ids <name>-<version>/<path>)")
+                             help="a .whl, a directory, a .so, or an installed distribution's "
+                                  "name; several make one campaign (ids "
+                                  "<name>-<version>/<path>)")
         sub.add_argument("--env", action="store_true",
                          help="every installed distribution that ships shared libraries")
         sub.add_argument("--add", action="append", default=[], type=Path, metavar="LIB",
                          help="an extra library (id extra/<file name>); repeatable")
 
-    def target(sub: Parser, campaign: bool = True, positional: bool = True) -> None:
+    def target(sub: Parser, campaign: bool = True, positional: bool = True,
+               jobs_help: str = "trials run at once (default: the cores)") -> None:
         targets(sub, positional)
         if campaign:
             sub.add_argument("--select", action="append", default=[], metavar="GLOB",
@@ -166,8 +169,8 @@ def build_parser() -> Parser:
                              help="expectations file (TOML) of accepted findings")
             sub.add_argument("--shard", type=Shard.parse, default=WHOLE,
                              metavar="K/N", help="run only the K-th of N slices of the work")
-            sub.add_argument("--jobs", type=jobs, default=os.cpu_count() or 1,
-                             metavar="N", help="trials run at once (default: the cores)")
+            sub.add_argument("--jobs", type=jobs, default=os.cpu_count() or 1, metavar="N",
+                             help=jobs_help)
             sub.add_argument("--baseline", type=folder, metavar="RESULTS_FOLDER",
                              help="an earlier campaign's results folder: report the findings "
                                   "new, gone and still there since")
@@ -180,16 +183,18 @@ def build_parser() -> Parser:
 
     sub = command("scan", "Inventory targets and predict which load orders collide.")
     targets(sub)
-    sub.add_argument("--json", action="store_true")
+    sub.add_argument("--json", action="store_true", help="print JSON")
 
     sub = command("run", "Run one load order in a fresh, isolated process.")
     sub.add_argument("steps", nargs="+", metavar="STEP",
-                     help="a library path (or id, with --target); global:/local: prefix sets "
-                          "its flags; py:PATH imports a Python extension module")
-    sub.add_argument("--target", metavar="TARGET")
+                     help="a library path (or id, with --target); a global:, local: or "
+                          "python: prefix sets how it is loaded; py:PATH imports a Python "
+                          "extension module by file, import:NAME a module by name")
+    sub.add_argument("--target", metavar="TARGET",
+                     help="where STEP ids are looked up (a .whl, directory or distribution)")
     sub.add_argument("--flags", type=flags_list, default=(Flags.GLOBAL,), metavar="MODE",
                      help="flags of steps without a prefix (default global)")
-    sub.add_argument("--json", action="store_true")
+    sub.add_argument("--json", action="store_true", help="print JSON")
     limits(sub)
 
     sub = command("matrix", "Run both load orders of every pair of libraries.")
@@ -198,17 +203,24 @@ def build_parser() -> Parser:
                      help="continue the campaign in --out, skipping recorded trials")
 
     sub = command("fuzz", "Explore long load orders with Hypothesis; shrink each failure.")
-    target(sub)
+    target(sub, jobs_help="search processes, each with its own fork servers (default: the cores)")
     sub.add_argument("--budget", type=budget, default=600.0, metavar="TIME",
                      help="wall-clock budget, e.g. 60s, 10m (default 10m)")
-    sub.add_argument("--max-len", type=positive_int, default=4, metavar="N")
-    sub.add_argument("--seed", type=int, metavar="N")
-    sub.add_argument("--db", type=folder, default=Path("results/.hypothesis"), metavar="DIR")
+    sub.add_argument("--max-len", type=positive_int, default=4, metavar="N",
+                     help="longest sequence tried, in steps (default 4)")
+    sub.add_argument("--seed", type=int, metavar="N",
+                     help="seed of the search, to repeat a campaign (default: one drawn at "
+                          "random, reported in the summary)")
+    sub.add_argument("--db", type=folder, default=Path("results/.hypothesis"), metavar="DIR",
+                     help="example database: findings kept across campaigns and replayed "
+                          "first (default results/.hypothesis)")
 
     sub = command("repro", "Reproduce a reported abort from its message or a log.")
     sub.add_argument("words", nargs="*", metavar="[MESSAGE] TARGET",
                      help="the abort line (unless --log), then the target(s)")
-    sub.add_argument("--log", type=Path, metavar="FILE")
+    sub.add_argument("--log", type=Path, metavar="FILE",
+                     help="a crash log holding the message (the catalogue's signatures are "
+                          "tried against its whole text)")
     target(sub, campaign=False, positional=False)
     sub.add_argument("--jobs", type=jobs, default=os.cpu_count() or 1, metavar="N",
                      help="orders tried at once (default: the cores); the first that "

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loadfuzz import hostenv
-from loadfuzz.model import Evidence
+from loadfuzz.model import DEFAULT_MEM_MB, Evidence
 from loadfuzz.run import ldtrace
 from loadfuzz.run.build import harness_binary
 from loadfuzz.run.ldtrace import LoaderTrace
@@ -47,7 +47,7 @@ AHEAD = 1  # trials sent to a server before the result of the first is read (see
 @dataclass(frozen=True)
 class Limits:
     timeout_s: float = 10.0  # per step
-    mem_mb: int = 16384  # RLIMIT_AS of a trial; libtorch alone maps several GB
+    mem_mb: int = DEFAULT_MEM_MB  # RLIMIT_AS of a trial
     at_exit: bool = False  # end with exit() (destructors run) instead of _exit() after the last step
 
 
