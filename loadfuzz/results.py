@@ -55,7 +55,7 @@ class ResultsFolder:
                  resumable: bool = True):
         """`resumable`: the command has a `--resume` (said when the folder is taken)."""
         self.out = out
-        self.taken = taken_message(out, resumable)
+        self.resumable = resumable
         self.trials_path = out / "trials.jsonl"
         check_out(out, resume, resumable)
         self.resume = resume
@@ -110,7 +110,7 @@ class ResultsFolder:
                              "another --out") from None
         if not self.resume and self.holds_results() and self.trials_path.exists():
             self.close()  # another campaign wrote here between our check and our lock
-            raise UsageError(self.taken)
+            raise UsageError(taken_message(self.out, self.resumable))
         self._fd = os.open(self.trials_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
                            0o644)
 
@@ -149,6 +149,9 @@ class ResultsFolder:
 
 
 def taken_message(out: Path, resumable: bool) -> str:
+    """Why `out` cannot take a new campaign; --resume offered where there is one to continue."""
+    if not (out / "trials.jsonl").exists():
+        return f"{out} holds other files (no campaign's): pass another --out"
     return f"{out} already holds results: pass {'--resume or ' if resumable else ''}another --out"
 
 

@@ -118,7 +118,7 @@ def baseline_of_nothing(folder):
 
 def taken(folder):
     (folder / "used").mkdir()
-    (folder / "used" / "report.md").write_text("an earlier campaign's\n")
+    (folder / "used" / "trials.jsonl").write_text("")  # an earlier campaign's
     return folder / "used"
 
 

@@ -164,6 +164,12 @@ def test_resume_needs_an_out_folder_and_a_used_out_folder_needs_resume(tmp_path)
     done = loadfuzz("matrix", "executorch", "--out", tmp_path / "used")
     assert done.returncode == 2 and "already holds results" in done.stderr
     assert "pass --resume or another --out" in done.stderr
+    # a folder of other files holds no campaign to resume: --resume is not offered
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "notes.txt").write_text("mine\n")
+    done = loadfuzz("matrix", "executorch", "--out", tmp_path / "notes")
+    assert done.returncode == 2 and done.stderr.endswith("pass another --out\n"), done.stderr
+    assert "--resume" not in done.stderr and "holds other files" in done.stderr
     # fuzz and repro have no --resume: they do not offer it
     for command in (("fuzz", "executorch"), ("repro", "Re-registering a::b", "executorch")):
         done = loadfuzz(*command, "--out", tmp_path / "used")
