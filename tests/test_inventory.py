@@ -155,6 +155,11 @@ def test_a_broken_file_inside_a_folder_is_a_warning_that_names_it(tmp_path):
     assert len(inv.warnings) == 1 and "libbroken.so" in inv.warnings[0]
     done = loadfuzz("scan", tmp_path)
     assert done.returncode == 0 and "warning: skipped libbroken.so" in done.stdout
+    # a campaign says it too, on stderr: a library left out of a release check is news
+    (tmp_path / "out").mkdir()
+    done = loadfuzz("matrix", tmp_path, "--out", tmp_path / "out" / "matrix")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.startswith("loadfuzz: warning: skipped libbroken.so"), done.stderr
 
 
 def test_a_folder_without_any_library_is_bad_input(tmp_path):

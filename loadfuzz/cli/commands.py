@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from loadfuzz.cli import printing
 from loadfuzz.cli.printing import Progress
@@ -120,6 +120,17 @@ def scan_output(args: argparse.Namespace, consulted: Consulted, cache: DerivedCa
             printing.scan_text(inv, predictions))
 
 
+def prepared(settings: CampaignSettings, command: str, **options: Any) -> Prepared:
+    """`campaign.prepare`, then what reading the target skipped (a file that is no ELF
+    library), one warning line each on stderr, as `scan` says it."""
+    from loadfuzz.campaign import prepare
+
+    campaign = prepare(settings, command, **options)
+    for warning in campaign.inv.warnings:
+        print(f"loadfuzz: warning: {warning}", file=sys.stderr)
+    return campaign
+
+
 def cmd_scan(args: argparse.Namespace) -> int:
     """The output comes from the derived cache while no file it was read from has changed."""
     from loadfuzz.derived import Consulted, DerivedCache
@@ -156,9 +167,9 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     settings = campaign_settings(args)
     pool = ahead.start("matrix", settings)  # they start while the rest loads and reads
     try:
-        from loadfuzz.campaign import exit_status, prepare, run_matrix
+        from loadfuzz.campaign import exit_status, run_matrix
 
-        campaign = prepare(settings, "matrix", baseline=args.baseline)
+        campaign = prepared(settings, "matrix", baseline=args.baseline)
         try:
             with failing_into(campaign):
                 summary, records = run_matrix(campaign, Progress("matrix"), pool)
@@ -177,13 +188,13 @@ def cmd_matrix(args: argparse.Namespace) -> int:
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
     from loadfuzz.baseline import check_fail_on
-    from loadfuzz.campaign import exit_status, prepare
+    from loadfuzz.campaign import exit_status
     from loadfuzz.search import fuzz
 
     check_fail_on(args.fail_on, args.baseline)
     options = fuzz.FuzzOptions(args.budget, args.max_len, args.seed, args.db)
     fuzz.db_folder(args.db)
-    campaign = prepare(campaign_settings(args), "fuzz", baseline=args.baseline)
+    campaign = prepared(campaign_settings(args), "fuzz", baseline=args.baseline)
     try:
         with failing_into(campaign):
             summary, _ = fuzz.run_fuzz(campaign, options, Progress("fuzz"))
@@ -218,12 +229,11 @@ def message_of(args: argparse.Namespace) -> tuple[str, list[str]]:
 
 
 def cmd_repro(args: argparse.Namespace) -> int:
-    from loadfuzz.campaign import prepare
     from loadfuzz.search import repro
 
     text, targets = message_of(args)
     message = repro.read_message(text)
-    campaign = prepare(campaign_settings(args, targets), "repro", suffix="-repro")
+    campaign = prepared(campaign_settings(args, targets), "repro", suffix="-repro")
     try:
         with failing_into(campaign):
             result = repro.reproduce(campaign, message, Progress("repro"))
