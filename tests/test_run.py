@@ -151,6 +151,20 @@ def test_the_next_forked_trial_is_not_deadlocked_by_a_thread_holding_a_lock():
     assert second.via == "fork-server"
 
 
+def test_a_fork_server_killed_between_trials_hands_the_next_trial_on_and_the_campaign_goes_on():
+    """What the OOM killer or a user's kill -9 does to a server between two trials: the next
+    trial finds its control pipe broken, and goes another way with the same verdict."""
+    seq = (step(CLEAN), step(hostile("exit7")))
+    with Trials(LIMITS) as runner:
+        first = runner.run(seq)
+        assert first.via.startswith("fork-server")
+        for server in runner.pool._all:  # every server it started, idle now
+            os.kill(server.proc.pid, signal.SIGKILL)
+            server.proc.wait()
+        second = runner.run(seq)
+    assert verdict(second) == verdict(first) == (Outcome.EXIT, 1, None, 7, None)
+
+
 def verdict(record):
     return record.outcome, record.step, record.signal, record.exit_code, record.signature
 

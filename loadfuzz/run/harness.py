@@ -228,7 +228,10 @@ class Harness:
         for step in steps:
             raw = step.payload
             message += [b"%s %d\n" % (step.mode.encode(), len(raw)), raw]
-        os.write(self._ctl, b"".join(message))
+        try:
+            os.write(self._ctl, b"".join(message))
+        except BrokenPipeError:  # killed between trials (the OOM killer, a user's kill -9)
+            raise HarnessDied("the harness died") from None
 
     def _trial_folder(self, name: str) -> Path:
         """A trial's working folder, empty: the folder `name`, trial after trial, while the
