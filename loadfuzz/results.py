@@ -19,6 +19,7 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 import threading
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
@@ -29,6 +30,8 @@ from loadfuzz import report
 from loadfuzz.model import Key, TrialRecord, UsageError
 
 LOCK = ".lock"
+# What a campaign writes at its end (and a stopped one, marked incomplete), summary.json last.
+REPORTS = ("summary.json", "report.md", "matrix.html", "junit.xml")
 # Errors that say the results folder cannot take more (rather than a bug of loadfuzz's).
 FULL_OR_READ_ONLY = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO,
                      errno.EFBIG)
@@ -111,6 +114,11 @@ class ResultsFolder:
         if not self.resume and self.holds_results() and self.trials_path.exists():
             self.close()  # another campaign wrote here between our check and our lock
             raise UsageError(taken_message(self.out, self.resumable))
+        if self.resume:  # what the earlier stop wrote describes it: gone until this run's end
+            for name in REPORTS:
+                with contextlib.suppress(FileNotFoundError):
+                    (self.out / name).unlink()
+            shutil.rmtree(self.out / "repro", ignore_errors=True)
         self._fd = os.open(self.trials_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
                            0o644)
 

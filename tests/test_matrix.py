@@ -156,6 +156,40 @@ def test_an_interrupted_campaign_keeps_whole_lines_and_resume_runs_each_trial_on
     resume_and_check(out)
 
 
+def test_a_resume_killed_while_it_runs_leaves_no_report_that_reads_as_finished(tmp_path):
+    """The summary and reports of the run it continues describe that run: a resume takes them
+    away when it starts, so a CI gate reading the folder of a killed resume sees no result."""
+    out = tmp_path / "out"
+    stopped = start_matrix(out)
+    wait_for_lines(out / "trials.jsonl", 100, stopped)
+    stopped.send_signal(signal.SIGTERM)
+    assert stopped.wait(timeout=60) == 128 + signal.SIGTERM
+    assert json.loads((out / "summary.json").read_text())["incomplete"] is True
+    before = (out / "trials.jsonl").read_bytes().count(b"\n")
+    resumed = subprocess.Popen([str(LOADFUZZ), "matrix", "executorch", "--add", str(LEGACY_PLUGIN),
+                                "--resume", "--out", str(out)], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    wait_for_lines(out / "trials.jsonl", before + 20, resumed)
+    resumed.kill()
+    resumed.wait(timeout=60)
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "trials.jsonl"]
+    resume_and_check(out)
+
+
+def test_a_stop_while_the_reports_are_written_leaves_no_summary(tmp_path, monkeypatch):
+    """summary.json is written last: where it is, every report agrees with it."""
+    from loadfuzz import report
+
+    def stopped(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report, "render_junit", stopped)
+    summary = {"command": "matrix", "target": "t", "trials": 0, "findings": []}
+    with pytest.raises(KeyboardInterrupt):
+        report.write_all(tmp_path, summary, [])
+    assert not (tmp_path / "summary.json").exists()
+
+
 def test_resume_needs_an_out_folder_and_a_used_out_folder_needs_resume(tmp_path):
     done = loadfuzz("matrix", "executorch", "--resume")
     assert done.returncode == 2 and "--resume needs --out" in done.stderr

@@ -8,6 +8,7 @@ anything is written.
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 import time
@@ -97,12 +98,23 @@ def interrupted(campaign: Prepared, stop: KeyboardInterrupt) -> int:
         print(f"stopped by {signal.Signals(signum).name} before the first trial: nothing was "
               f"written to {campaign.out}", file=sys.stderr)
         return 128 + signum
+    name = signal.Signals(signum).name
+    summary = campaign.out / "summary.json"  # written last: then every report agrees with it
+    try:
+        finished = not json.loads(summary.read_text(encoding="utf-8")).get("incomplete")
+    except (OSError, ValueError, AttributeError):
+        finished, summary = False, None  # stopped before it was written (or a full disk)
+    if finished:  # the stop came as the last file was written
+        print(f"stopped by {name} once the campaign had finished: its results are in "
+              f"{campaign.out}", file=sys.stderr)
+        return 128 + signum
     resume = campaign.resume_command()
     how = f"; continue with: {resume}" if resume else ""
-    partial = next((f", a partial {kind} in {path}" for kind, path in (
-        ("report", campaign.out / "report.md"), ("summary", campaign.out / "summary.json"))
-        if path.exists()), "")  # repro writes no report; a full disk may leave neither
-    print(f"stopped by {signal.Signals(signum).name}: the finished trials are in "
+    partial, report = "", campaign.out / "report.md"  # (repro writes no report)
+    if summary is not None:
+        partial = f", a partial report in {report}" if report.exists() else (
+            f", a partial summary in {summary}")
+    print(f"stopped by {name}: the finished trials are in "
           f"{campaign.folder.trials_path}{partial}{how}", file=sys.stderr)
     return 128 + signum
 

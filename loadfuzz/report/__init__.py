@@ -33,8 +33,8 @@ def write_all(out: Path, summary: Mapping[str, Any], trials: Iterable[Mapping[st
     """Every file of the results folder but trials.jsonl (the driver appends that one)."""
     out.mkdir(parents=True, exist_ok=True)
     campaign = CampaignView.of(summary, trials)
-    write_summary_json(out, summary)
     write_file(out / "report.md", render_markdown(campaign))
     write_file(out / "matrix.html", render_html(campaign))
     write_file(out / "junit.xml", render_junit(campaign, per))
     write_repro_scripts(out, campaign.findings)
+    write_summary_json(out, summary)  # last: a summary.json says every report agrees with it
