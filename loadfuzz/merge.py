@@ -14,14 +14,17 @@ that holds results) is a UsageError found before anything is written.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shlex
+import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadfuzz import plan
+from loadfuzz import plan, results
 from loadfuzz.baseline import Baseline
 from loadfuzz.classify import environment_signatures
 from loadfuzz.elf.read import BadElf, ElfReader
@@ -164,11 +167,11 @@ def shown(value: Any) -> str:
     return "none" if value is None else str(value)
 
 
-def check_out(out: Path) -> ResultsFolder:
+def check_out(out: Path) -> None:
     """The merged folder: none, or empty; UsageError if it holds results."""
     if out.is_dir() and any(p.name != LOCK for p in out.iterdir()):
         raise UsageError(f"--out {out} already holds results: give another --out")
-    return ResultsFolder(out, False, nowhere, resumable=False)
+    results.check_out(out, False, resumable=False)
 
 
 # --- the whole campaign -------------------------------------------------------------------
@@ -360,7 +363,7 @@ def merge(folders: Sequence[Path], out: Path, need_baseline: bool = False,
     check_shards(shards)
     if need_baseline and not all(shard.summary.get("baseline") for shard in shards):
         raise UsageError("--fail-on new: the shards were not compared with a --baseline")
-    folder = check_out(out)
+    check_out(out)
     shards.sort(key=lambda shard: shard.shard.index)
     try:
         summary, trials = merged_summary(shards, folders, out)
@@ -368,11 +371,31 @@ def merge(folders: Sequence[Path], out: Path, need_baseline: bool = False,
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
         raise UsageError(f"cannot merge: a shard's summary.json or trials.jsonl holds what "
                          f"loadfuzz never writes ({type(exc).__name__}: {exc})") from None
-    folder.open()
+    # written beside `out`, then renamed into place: a stopped merge leaves nothing behind
+    staging = out.parent / f".{out.name}.merging-{os.getpid()}"
     try:
-        for record in records:
-            folder.append(record)
+        folder = ResultsFolder(staging, False, nowhere, resumable=False)
+        folder.open()
+        try:
+            for record in records:
+                folder.append(record)
+        finally:
+            folder.close()
+        folder.write_reports(summary, records,
+                             per="pair" if summary["command"] == "matrix" else "finding")
+        (staging / LOCK).unlink()
+        place(staging, out)
     finally:
-        folder.close()
-    folder.write_reports(summary, records, per="pair" if summary["command"] == "matrix" else "finding")
+        shutil.rmtree(staging, ignore_errors=True)
     return summary, records
+
+
+def place(staging: Path, out: Path) -> None:
+    """Rename the merged folder to `out`, which may be an empty folder (or hold a lock only)."""
+    with contextlib.suppress(FileNotFoundError):
+        (out / LOCK).unlink()
+    try:
+        os.rename(staging, out)
+    except OSError as exc:  # another merge into `out` finished first
+        raise UsageError(f"--out {out} already holds results: give another --out "
+                         f"({exc.strerror})") from None

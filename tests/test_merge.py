@@ -230,6 +230,26 @@ def test_an_out_folder_that_holds_results_is_refused(runs, tmp_path):
     assert (out / "summary.json").read_text() == "{}\n"
 
 
+def test_a_stopped_merge_leaves_nothing_and_the_next_one_finishes(runs, tmp_path, monkeypatch):
+    """The merged folder is written beside --out and renamed into place at the end."""
+    from loadfuzz import report
+
+    _, _, shards = runs["none"]
+    out = tmp_path / "merged"
+    out.mkdir()  # an empty folder may be --out
+
+    def stopped(*args):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(report, "render_junit", stopped)
+        with pytest.raises(KeyboardInterrupt):
+            merge.merge(shards, out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["merged"] and not any(out.iterdir())
+    summary, _ = merge.merge(shards, out)
+    assert (out / "summary.json").exists() and len(sequences(out)) == summary["trials"]
+
+
 def test_merge_needs_out_and_a_folder():
     for args in (["merge", "somewhere"], ["merge", "--out", "x"]):
         done = loadfuzz(*args)
