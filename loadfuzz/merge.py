@@ -59,6 +59,17 @@ class ShardFolder:
         """The last record of each sequence (as `--resume` reads the file)."""
         return {json_key(r): r for r in self.trials}
 
+    def counted(self) -> list[dict[str, Any]]:
+        """The records its summary counts: every one of a fuzz's; a matrix's whose every step
+        is of its libraries and its flags modes (a `--resume` with other options leaves others
+        in trials.jsonl)."""
+        if self.summary["command"] != "matrix":
+            return self.trials
+        libraries, modes = set(self.summary["libraries"]), set(self.summary["flags"])
+        return [record for record in self.trials
+                if all(step["lib"] in libraries and step["flags"] in modes
+                       for step in record["sequence"])]
+
 
 @dataclass(frozen=True)
 class Library:
@@ -107,14 +118,21 @@ def read_folder(folder: Path) -> ShardFolder:
         except (ValueError, KeyError, TypeError) as exc:
             raise UsageError(f"{trials_path}: line {number} is not a trial record ({exc})") from None
         trials.append(record)
-    if summary["trials"] != len(trials):  # a file cut short at a line's end, or emptied
-        raise UsageError(f"{trials_path}: {len(trials)} trial records, where its summary counts "
-                         f"{shown(summary['trials'])}: run that shard again")
     shard = summary.get("shard")
     try:
         return ShardFolder(folder, summary, trials, None if shard is None else plan.Shard.parse(shard))
     except (UsageError, TypeError):
         raise UsageError(f"{folder / 'summary.json'}: bad shard {shard!r}") from None
+
+
+def check_counts(shards: Sequence[ShardFolder]) -> None:
+    """Each shard's trials.jsonl holds the trials its summary counts; UsageError if not."""
+    for shard in shards:
+        counted = len(shard.counted())
+        if shard.summary["trials"] != counted:  # a file cut short at a line's end, or emptied
+            raise UsageError(f"{shard.folder / 'trials.jsonl'}: {counted} trial records, where "
+                             f"its summary counts {shown(shard.summary['trials'])}: run that "
+                             "shard again")
 
 
 def check_shards(shards: Sequence[ShardFolder]) -> None:
@@ -361,6 +379,7 @@ def merge(folders: Sequence[Path], out: Path, need_baseline: bool = False,
     `need_baseline` (--fail-on new): the shards must have been compared with a --baseline."""
     shards = [read_folder(folder) for folder in folders]
     check_shards(shards)
+    check_counts(shards)
     if need_baseline and not all(shard.summary.get("baseline") for shard in shards):
         raise UsageError("--fail-on new: the shards were not compared with a --baseline")
     check_out(out)

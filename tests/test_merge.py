@@ -211,6 +211,21 @@ def test_folders_that_are_not_the_shards_of_one_campaign_are_refused(runs, tmp_p
     assert before == {f: sorted(p.name for p in f.rglob("*")) for f in before}
 
 
+def test_a_shard_resumed_with_other_flags_merges_by_what_its_summary_counts(runs, tmp_path):
+    """`--resume` with other options leaves trials outside the shard's work in trials.jsonl
+    (the contract keeps them there, out of the summary): they are not the campaign's."""
+    _, (_, whole), shards = runs["none"]
+    record = json.loads((shards[0] / "trials.jsonl").read_text().splitlines()[0])
+    for step in record["sequence"]:
+        step["flags"] = "local"  # the campaign is --flags global
+    resumed = copy_with(shards[0], tmp_path / "resumed", extra_line=json.dumps(record) + "\n")
+    done = loadfuzz("merge", resumed, *shards[1:], "--out", tmp_path / "merged", "--json")
+    assert done.returncode == 1, done.stderr
+    merged = json.loads(done.stdout)
+    assert merged["trials"] == whole["trials"] == len(sequences(tmp_path / "merged"))
+    assert verdicts(merged["findings"]) == verdicts(whole["findings"])
+
+
 def test_a_missing_shard_is_named(runs, tmp_path):
     _, _, shards = runs["none"]
     done = loadfuzz("merge", shards[1], "--out", tmp_path / "merged")
