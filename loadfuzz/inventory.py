@@ -221,22 +221,26 @@ def load_targets(names: Sequence[str], add: Sequence[Path] = (), env: bool = Fal
     reader = reader or ElfReader(ElfCache.default(), consulted)
     found = ([targets.locate(name, reader.consulted) for name in names]
              + (targets.environment(reader.consulted) if env else []))
-    # named twice (or by name and by --env): once is enough (distributions share site-packages
-    # as their root, so a target is its root and its label); each by its first position
-    first: dict[tuple[Path, str], int] = {}
+    # A file is the first target's that has it: a target named twice (or by its name and its
+    # folder, or by name and by --env) adds nothing, and one target after all keeps its own ids
+    kept: list[tuple[int, dict[str, Path]]] = []  # (position in `found`, its files not seen yet)
+    seen: set[Path] = set()
     for position, target in enumerate(found):
-        first.setdefault((target.root.resolve(), target.label), position)
-    if len(first) == 1 and not env:  # one target after all: its own ids and version
-        return load_target(names[0], add, reader, consulted)
+        new = {lib_id: path for lib_id, path in target.files.items() if path.resolve() not in seen}
+        seen |= {path.resolve() for path in new.values()}
+        if new:
+            kept.append((position, new))
+    if len(kept) == 1 and not env:
+        return load_target(names[kept[0][0]], add, reader, consulted)
     files: dict[str, Path] = {}
     labels: list[str] = []
-    for target in (found[position] for position in first.values()):
+    for position, own in kept:
         # two folders of one name (a/libs, b/libs): the second is libs-2, so no id is lost
         label = next(label for label in itertools.chain(
-            [target.label], (f"{target.label}-{n}" for n in itertools.count(2)))
+            [found[position].label], (f"{found[position].label}-{n}" for n in itertools.count(2)))
             if label not in labels)
         labels.append(label)
-        files |= {f"{label}/{lib_id}": path for lib_id, path in target.files.items()}
+        files |= {f"{label}/{lib_id}": path for lib_id, path in own.items()}
     roots = [str(target.root) for target in found]
     name = "env" if env and not names else "+".join(labels)
     return build(" ".join([*names, *(["--env"] if env else [])]), name, None,

@@ -100,20 +100,22 @@ def installed_distribution(name: str, consulted: Consulted | None = None,
                            ) -> tuple[Path, str, str | None, list[Path]]:
     if consulted is not None:
         consulted.note_import_path()  # where importlib looks for the distribution
-    try:
-        dist = importlib.metadata.distribution(name)
-    except importlib.metadata.PackageNotFoundError:
-        raise UsageError(f"no such file, directory or installed distribution: {name}") from None
+    dist = next(iter(importlib.metadata.distributions(name=name, path=hostenv.python_paths())),
+                None)
+    if dist is None:
+        raise UsageError(f"no such file, directory or installed distribution: {name}")
     return distribution_files(dist, name, consulted)
 
 
 def environment(consulted: Consulted | None = None) -> list[TargetFiles]:
     """Every distribution installed in this environment that ships shared libraries, by name
-    (`--env`); the first of two distributions with one name wins, as importlib has it."""
+    (`--env`); the first of two distributions with one name wins, as importlib has it. The
+    environment is the import path a trial has (`hostenv.python_paths`): not loadfuzz's
+    working folder, nor PYTHONPATH, whether it runs as `loadfuzz` or `python -m loadfuzz`."""
     if consulted is not None:
         consulted.note_import_path()
     found, seen = [], set()
-    for dist in importlib.metadata.distributions():
+    for dist in importlib.metadata.distributions(path=hostenv.python_paths()):
         name = dist.metadata["Name"]
         if not name or name.lower() in seen:
             continue

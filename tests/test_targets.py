@@ -4,13 +4,15 @@ across packages are those a plain one-process-per-pair harness sees."""
 
 import json
 import os
+import shutil
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from loadfuzz import hostenv
-from support import ROOT, loadfuzz
+from support import LOADFUZZ, ROOT, loadfuzz
 
 OLD_RELEASE = ROOT / "build" / "wheels" / "executorch-1.4.1-cp311-cp311-manylinux_2_28_x86_64.whl"
 ALPHA, BETA = "loadfuzz-fixture-alpha-1.0", "loadfuzz-fixture-beta-1.0"
@@ -41,6 +43,24 @@ def test_scan_of_the_environment_finds_every_distribution_that_ships_libraries()
     for prefix in ("torch-2.13.0", "executorch-1.5.1/", f"{ALPHA}/", f"{BETA}/"):
         assert any(lib.startswith(prefix) for lib in ids), prefix
     assert f"{ALPHA}/libfxalpha_ops.so" in ids
+
+
+def test_the_environment_is_what_a_trial_imports_from_not_the_working_folder(tmp_path):
+    """A stray distribution in the folder loadfuzz runs from (or on PYTHONPATH) is on neither
+    a trial's sys.path nor in --env, under `python -m loadfuzz` as under `loadfuzz`."""
+    (tmp_path / "strayfx").mkdir()
+    shutil.copy(ROOT / "build" / "fixtures" / "corpus" / "libcz_solo.so",
+                tmp_path / "strayfx" / "libstray.so")
+    meta = tmp_path / "strayfx-1.0.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: strayfx\nVersion: 1.0\n")
+    (meta / "RECORD").write_text("strayfx/libstray.so,,\nstrayfx-1.0.dist-info/METADATA,,\n")
+    for how, env in (("python -m", None), ("PYTHONPATH", {**os.environ, "PYTHONPATH": str(tmp_path)})):
+        command = [sys.executable, "-m", "loadfuzz"] if how == "python -m" else [str(LOADFUZZ)]
+        done = subprocess.run([*command, "scan", "--env", "--json"], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=300)
+        ids = [lib["id"] for lib in json.loads(done.stdout)["libraries"]]
+        assert ids and not any(lib.startswith("strayfx") for lib in ids), how
 
 
 def test_two_packages_collide_in_both_orders_under_both_flags_and_nothing_else(tmp_path):
@@ -185,3 +205,10 @@ def test_a_target_named_twice_is_one_target_with_its_own_ids_and_version():
         once, twice = (inventory.load_targets([name] * n) for n in (1, 2))
         assert (twice.version, twice.labels) == (once.version, ())
         assert [lib.id for lib in twice.libraries] == [lib.id for lib in once.libraries]
+    # by its name and by its folder: each file once, under the first target that has it
+    once = inventory.load_targets(["executorch"])
+    both = inventory.load_targets(["executorch", str(once.root)])
+    assert [lib.id for lib in both.libraries] == [lib.id for lib in once.libraries]
+    three = inventory.load_targets(["executorch", "torch", str(once.root)])
+    paths = [lib.path.resolve() for lib in three.libraries]
+    assert len(paths) == len(set(paths)) and three.labels == ("executorch-1.5.1", "torch-2.13.0+cpu")
