@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -89,6 +90,27 @@ def test_a_harness_that_cannot_be_built_is_exit_3_and_the_traceback_goes_to_erro
     for report in ("report.md", "matrix.html"):  # a partial report does not call it clean
         if (out / report).exists():
             assert "no trial ran" in (out / report).read_text()
+
+
+def test_a_cached_harness_cut_short_or_replaced_is_built_again(tmp_path, monkeypatch):
+    """The cache holds the binary with its own digest at its end: a harness truncated on disk
+    (or swapped for another program) is rebuilt, not run; a build folder that a killed build
+    left behind goes at the next build."""
+    from loadfuzz.run import build
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    binary = build.harness_binary()
+    built = binary.read_bytes()
+    stale, fresh = (tmp_path / "loadfuzz" / f".harness-{n}" for n in ("killed", "building"))
+    stale.mkdir()
+    fresh.mkdir()
+    os.utime(stale, (1, 1))
+    for damage in (built[:4096], Path(shutil.which("true")).read_bytes()):
+        binary.write_bytes(damage)
+        assert build.harness_binary() == binary and binary.read_bytes() == built
+    assert not stale.exists() and fresh.exists()
+    done = subprocess.run([str(binary)], capture_output=True, timeout=10)
+    assert done.returncode != 127 and b"usage" in (done.stderr + done.stdout).lower(), done
 
 
 def test_garbage_in_the_example_database_is_one_warning_and_the_campaign_goes_on(tmp_path):

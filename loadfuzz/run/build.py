@@ -11,11 +11,14 @@ with a whole binary (each compiles to a file of its own, then renames).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from importlib import resources
 from pathlib import Path
 
@@ -23,6 +26,7 @@ from loadfuzz import hostenv
 
 CFLAGS = ("-std=c11", "-O2", "-Wall", "-Wextra", "-D_GNU_SOURCE")
 LIBS = ("-ldl",)
+SEAL = b"\nloadfuzz-harness-sha256:"
 
 
 class BuildFailed(RuntimeError):
@@ -48,10 +52,11 @@ def harness_binary(strict: bool = False) -> Path:
     text = source()
     digest = hashlib.sha256(text + "\0".join(recipe(Path("out"), Path("in.c"))).encode())
     binary = hostenv.cache_folder() / f"harness-{digest.hexdigest()[:16]}"
-    if binary.is_file() and os.access(binary, os.X_OK):
+    if os.access(binary, os.X_OK) and whole(binary):
         return binary
     try:
         binary.parent.mkdir(parents=True, exist_ok=True)
+        sweep(binary.parent)
         with tempfile.TemporaryDirectory(prefix=".harness-", dir=binary.parent) as scratch:
             source_path, output = Path(scratch) / "harness.c", Path(scratch) / "harness"
             source_path.write_bytes(text)
@@ -62,6 +67,7 @@ def harness_binary(strict: bool = False) -> Path:
                 said = f": {first}" if first else f" (exit status {done.returncode})"
                 raise BuildFailed(f"cannot compile the harness with {compiler()}{said}; install "
                                   "gcc, or set CC to a C compiler that works")
+            seal(output)
             os.replace(output, binary)
     except FileNotFoundError as exc:
         raise BuildFailed(f"cannot compile the harness: no C compiler ({exc.filename}); "
@@ -70,6 +76,30 @@ def harness_binary(strict: bool = False) -> Path:
         raise BuildFailed(f"cannot store the harness in {binary.parent}: {exc.strerror or exc}; "
                           "set XDG_CACHE_HOME to a writable folder") from None
     return binary
+
+
+def seal(binary: Path) -> None:
+    """Append the binary's own digest to it (after the ELF's last byte, where nothing reads)."""
+    data = binary.read_bytes()
+    binary.write_bytes(data + SEAL + hashlib.sha256(data).hexdigest().encode())
+
+
+def whole(binary: Path) -> bool:
+    """Whether the binary ends in the seal of its contents (not cut short, nor replaced)."""
+    try:
+        data = binary.read_bytes()
+    except OSError:
+        return False
+    body, sep, digest = data.rpartition(SEAL)
+    return bool(sep) and hashlib.sha256(body).hexdigest().encode() == digest
+
+
+def sweep(folder: Path) -> None:
+    """Remove build folders older than an hour: a build killed before it could clean up."""
+    for left in folder.glob(".harness-*"):
+        with contextlib.suppress(OSError):
+            if time.time() - left.stat().st_mtime > 3600:
+                shutil.rmtree(left)
 
 
 def main(argv: list[str]) -> int:
