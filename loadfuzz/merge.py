@@ -24,14 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadfuzz import plan, results
+from loadfuzz import plan
 from loadfuzz.baseline import Baseline
 from loadfuzz.classify import environment_signatures
 from loadfuzz.elf.read import BadElf, ElfReader
 from loadfuzz.expect import Expectation, classify_findings
 from loadfuzz.model import Flags, Key, Role, StepKind, TrialRecord, UsageError, json_key, sequence_key, spell_sequence
 from loadfuzz.predict import MOST_DISAGREEMENTS, shared_definitions
-from loadfuzz.results import LOCK, ResultsFolder, finished_summary
+from loadfuzz.results import LOCK, ResultsFolder, finished_summary, usable
 from loadfuzz.search.shrink import Identity, simplicity
 
 # What makes two shards shards of one campaign (besides N): these keys of their summaries.
@@ -189,7 +189,7 @@ def check_out(out: Path) -> None:
     """The merged folder: none, or empty; UsageError if it holds results."""
     if out.is_dir() and any(p.name != LOCK for p in out.iterdir()):
         raise UsageError(f"--out {out} already holds results: give another --out")
-    results.check_out(out, False, resumable=False)
+    usable(out, "--out")
 
 
 # --- the whole campaign -------------------------------------------------------------------
