@@ -31,7 +31,7 @@ from loadfuzz.elf.read import BadElf, ElfReader
 from loadfuzz.expect import Expectation, classify_findings
 from loadfuzz.model import Flags, Key, Role, StepKind, TrialRecord, UsageError, json_key, sequence_key, spell_sequence
 from loadfuzz.predict import MOST_DISAGREEMENTS, shared_definitions
-from loadfuzz.results import LOCK, ResultsFolder, finished_summary, usable
+from loadfuzz.results import LOCK, ResultsFolder, finished_summary, holds_results, usable
 from loadfuzz.search.shrink import Identity, simplicity
 
 # What makes two shards shards of one campaign (besides N): these keys of their summaries.
@@ -187,7 +187,7 @@ def shown(value: Any) -> str:
 
 def check_out(out: Path) -> None:
     """The merged folder: none, or empty; UsageError if it holds results."""
-    if out.is_dir() and any(p.name != LOCK for p in out.iterdir()):
+    if holds_results(out):
         raise UsageError(f"--out {out} already holds results: give another --out")
     usable(out, "--out")
 

@@ -91,9 +91,6 @@ class ResultsFolder:
             done[record.key()] = record
         return done
 
-    def holds_results(self) -> bool:
-        return holds_results(self.out)
-
     def _repair(self) -> None:
         """Drop a torn last line (the campaign was killed in the middle of one)."""
         data = self.trials_path.read_bytes()
@@ -111,7 +108,7 @@ class ResultsFolder:
             self.close()
             raise UsageError(f"{self.out} is in use by another campaign: wait for it, or pass "
                              "another --out") from None
-        if not self.resume and self.holds_results() and self.trials_path.exists():
+        if not self.resume and holds_results(self.out) and self.trials_path.exists():
             self.close()  # another campaign wrote here between our check and our lock
             raise UsageError(taken_message(self.out, self.resumable))
         if self.resume:  # what the earlier stop wrote describes it: gone until this run's end
