@@ -92,6 +92,16 @@ def test_a_harness_that_cannot_be_built_is_exit_3_and_the_traceback_goes_to_erro
             assert "no trial ran" in (out / report).read_text()
 
 
+def test_cc_may_carry_arguments_as_makes_does(tmp_path, monkeypatch):
+    """`CC="gcc -DX"` (or `ccache gcc`) is a command with its arguments, not a file name."""
+    from loadfuzz.run import build
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("CC", "gcc -DLOADFUZZ_TEST_MACRO=1")
+    binary = build.harness_binary()
+    assert os.access(binary, os.X_OK) and build.whole(binary)
+
+
 def test_a_cached_harness_cut_short_or_replaced_is_built_again(tmp_path, monkeypatch):
     """The cache holds the binary with its own digest at its end: a harness truncated on disk
     (or swapped for another program) is rebuilt, not run; a build folder that a killed build

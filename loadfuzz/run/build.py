@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -37,13 +38,14 @@ def source() -> bytes:
     return resources.files("loadfuzz.run").joinpath("harness.c").read_bytes()
 
 
-def compiler() -> str:
-    return os.environ.get("CC") or "gcc"
+def compiler() -> list[str]:
+    """$CC as make takes it (a command with its arguments: `ccache gcc`, `gcc -m64`), or gcc."""
+    return shlex.split(os.environ.get("CC", "")) or ["gcc"]
 
 
 def recipe(output: Path, source_path: Path, strict: bool = False) -> list[str]:
     """The one command line that compiles the harness (`strict`: warnings are errors)."""
-    return [compiler(), *CFLAGS, *(["-Werror"] if strict else []), "-o", str(output),
+    return [*compiler(), *CFLAGS, *(["-Werror"] if strict else []), "-o", str(output),
             str(source_path), *LIBS]
 
 
@@ -65,8 +67,8 @@ def harness_binary(strict: bool = False) -> Path:
             if done.returncode != 0:
                 first = next((line for line in done.stderr.splitlines() if line.strip()), "")
                 said = f": {first}" if first else f" (exit status {done.returncode})"
-                raise BuildFailed(f"cannot compile the harness with {compiler()}{said}; install "
-                                  "gcc, or set CC to a C compiler that works")
+                raise BuildFailed(f"cannot compile the harness with {shlex.join(compiler())}{said};"
+                                  " install gcc, or set CC to a C compiler that works")
             seal(output)
             os.replace(output, binary)
     except FileNotFoundError as exc:
