@@ -192,8 +192,10 @@ def test_two_folders_of_one_name_are_two_targets_and_every_library_counts(tmp_pa
                         str(folder / f"{name}.c")], check=True)
     done = loadfuzz("scan", tmp_path / "a" / "libs", tmp_path / "b" / "libs", "--json")
     assert done.returncode == 0, done.stderr
-    ids = sorted(lib["id"] for lib in json.loads(done.stdout)["libraries"])
+    scan = json.loads(done.stdout)
+    ids = sorted(lib["id"] for lib in scan["libraries"])
     assert ids == ["libs-unversioned-2/libtwo.so", "libs-unversioned/libone.so"]
+    assert scan["targets"] == ["libs-unversioned", "libs-unversioned-2"]  # the ids' prefixes
 
 
 def test_a_target_named_twice_is_one_target_with_its_own_ids_and_version():

@@ -35,10 +35,12 @@ def print_json(data: Any) -> None:
 
 
 def scan_json(inv: Inventory, predictions: Sequence[Prediction]) -> dict:
-    """The `scan --json` object (with `version`, `warnings` and each library's `missing`)."""
+    """The `scan --json` object (with `version`, `targets`, `warnings` and each library's
+    `missing`)."""
     return {
         "target": inv.target,
         "version": inv.version,
+        "targets": list(inv.labels),
         "libraries": [lib.to_json() for lib in inv.libraries],
         "predicted": [p.pair_json() for p in predictions],
         "warnings": list(inv.warnings),
