@@ -135,7 +135,7 @@ def fake_run(seq):
                        6 if fails else None, None, "", 0.0, 0.0, "")
 
 
-def test_simplify_leads_to_the_fewest_steps_earliest_libraries_and_local():
+def test_simplify_leads_to_the_fewest_steps_each_loaded_local_when_that_still_fails():
     options = fake_options()
     by = {(o.lib, o.flags): o for o in options}
     seq = (by["C", Flags.GLOBAL], by["A", Flags.GLOBAL], by["C", Flags.LOCAL],

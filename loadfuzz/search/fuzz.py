@@ -12,8 +12,8 @@ A campaign has three phases, all within one wall-clock `--budget`:
    processes, each exploring the sequences that start with its slice of the
    first steps, with its own fork servers, until the budget is spent.
 
-Every failure is then normalised by `simplify` (drop steps, earlier
-libraries, `local` before `global`) once, in the campaign's own process, and
+Every failure is then normalised by `simplify` (drop steps, then load each
+library the simplest way that still fails: `local` before `global`) once, in the campaign's own process, and
 deduplicated on its identity: (outcome, signature, operator, the set of
 libraries in its minimal sequence). Only the findings so made are confirmed
 cold before they are reported; the failing trials on the way are kept as their
@@ -61,7 +61,7 @@ class Findings:
         """Simplify a failing record and keep it unless its identity is already known."""
         if self.known(record):
             return  # its failure is kept already, simplified
-        minimal = simplify(record, self.within_budget, self.options)
+        minimal = simplify(record, self.run_in_budget, self.options)
         identity = Identity.of(minimal)
         best = self.found.get(identity)
         if best is None or simplicity(minimal.sequence, self.options) < simplicity(
@@ -69,7 +69,8 @@ class Findings:
             self.found[identity] = minimal
         self.origins.setdefault(identity, (phase, round(time.monotonic() - self.started, 2)))
 
-    def within_budget(self, seq: Steps) -> TrialRecord | None:
+    def run_in_budget(self, seq: Steps) -> TrialRecord | None:
+        """The sequence's record; past the budget's end, only one that ran already (else None)."""
         if time.monotonic() >= self.until and not self.run.knows(seq):
             return None
         return self.run(seq)

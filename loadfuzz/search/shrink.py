@@ -1,9 +1,11 @@
 """Shrink: make a failing load order minimal while it keeps failing the same way.
 
-Minimal means, in this order of preference (`simplicity`): fewer steps, then
-earlier choices among the ways to load each library (earlier library,
-`local` before `global`). `simplify` is a greedy pass to a fixpoint that keeps
-(outcome, signature, operator); a failure's `Identity` is what makes two
+`simplify` is a greedy pass to a fixpoint that keeps (outcome, signature,
+operator): it drops steps, and loads each remaining library the simplest way
+that still fails (`local`, then `global`, then a `py:` import); it never
+swaps one library for another. `simplicity` orders finished sequences (fewer
+steps, then earlier options: earlier libraries, `local`), to choose among
+minimal records of one failure. A failure's `Identity` is what makes two
 failures the same one once shrunk.
 """
 
@@ -44,8 +46,8 @@ class Identity:
 def simplify(record: TrialRecord, run: Callable[[Steps], TrialRecord | None],
              options: Sequence[Step]) -> TrialRecord:
     """Greedy shrink to a fixpoint, keeping (outcome, signature, op): cut the steps after the
-    failing one, drop steps, move to earlier options (earlier library, `local` before
-    `global`). A candidate `run` does not try (None: no time left) is passed over."""
+    failing one, drop steps, load a library an earlier way (`local` before `global`). A
+    candidate `run` does not try (None: no time left) is passed over."""
 
     def same(candidate: TrialRecord | None) -> bool:
         return candidate is not None and (candidate.outcome, candidate.signature,
