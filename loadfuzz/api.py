@@ -7,8 +7,9 @@
     assert record.clean, f"{record.outcome.value}: {record.detail}\\n{record.repro}"
 
 Steps are spelled as on the `loadfuzz run` command line: a library id of the
-target (or a path), with an optional `global:` or `local:` prefix for its
-flags mode, or `py:PATH` to import a Python extension module. With target
+target (or a path), with an optional `global:`, `local:` or `python:` prefix
+for its flags mode, `py:PATH` to import a Python extension module, or
+`import:NAME` to import a module by name. With target
 None every step is a path. Each call is one cold trial in a fresh process.
 Inside pytest the `loadfuzz_run` fixture hands out this same function.
 """
@@ -52,9 +53,13 @@ def run_load_order(target: str | Path | None, *steps: str | Path,
     if not steps:
         raise UsageError("run_load_order needs at least one step")
     try:
-        [default] = Flags.parse_list(flags)
+        modes = Flags.parse_list(flags)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if len(modes) != 1:
+        raise UsageError(f"flags is the one mode of the steps without a prefix (global, local or "
+                         f"python), not {flags!r}")
+    default = modes[0]
     if not 0 < timeout <= MAX_TIMEOUT_S:  # also false for nan
         raise UsageError(f"timeout must be more than zero seconds and at most {MAX_TIMEOUT_S} "
                          f"(a week), not {timeout!r}")

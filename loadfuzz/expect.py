@@ -1,4 +1,5 @@
-"""The expectations file: which findings a campaign accepts, and which findings are new.
+"""The expectations file: which findings a campaign accepts (what is new since an earlier
+campaign is `baseline`'s job).
 
 An expectations file (TOML, see the contract) lists known collisions. Each
 `[[expected]]` entry names two library-id globs, the load orders and flags

@@ -145,11 +145,6 @@ class Inventory:
             return self.name
         return f"{self.name}-{self.version or 'unversioned'}"
 
-    def target_of(self, lib_id: str) -> str | None:
-        """The label of the target a library id belongs to (several targets), else None."""
-        head = lib_id.split("/", 1)[0]
-        return head if head in self.labels else None
-
     def get(self, lib_id: str) -> Library:
         found = self.by_id.get(lib_id)
         if found is None:

@@ -1,6 +1,7 @@
 """The shared vocabulary: the records every pipeline stage reads and writes, and how they are spelled.
 
-Nothing here does any work. Flags, outcomes, roles and step kinds are enums;
+Nothing here runs anything (parsing a step looks only at whether its file
+exists). Flags, outcomes, roles and step kinds are enums;
 steps, trial evidence and trial records are frozen dataclasses with an exact
 JSON form (the one docs/contract.md documents). How a step is typed on the
 command line, how a sequence is keyed, how a finding's headline reads, the

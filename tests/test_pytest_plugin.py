@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -234,14 +235,15 @@ def test_run_load_order_takes_ids_of_a_target_or_plain_paths():
     assert run_load_order(None, AOT).clean  # needs libpython: loaded first, as in Python
 
 
-@pytest.mark.parametrize(("steps", "options"), [
-    ((), {}),
-    (("lib/no-such-library.so",), {}),
-    ((KQ_ID,), {"flags": "sideways"}),
-    ((KQ_ID,), {"timeout": 0}),
-    ((KQ_ID,), {"timeout": float("nan")}),
-    ((KQ_ID,), {"timeout": float("inf")}),
+@pytest.mark.parametrize(("steps", "options", "says"), [
+    ((), {}, "at least one step"),
+    (("lib/no-such-library.so",), {}, "no-such-library"),
+    ((KQ_ID,), {"flags": "sideways"}, "unknown flags mode 'sideways'"),
+    ((KQ_ID,), {"flags": "global,local"}, "the one mode"),  # matrix's list is not one mode
+    ((KQ_ID,), {"timeout": 0}, "timeout"),
+    ((KQ_ID,), {"timeout": float("nan")}, "timeout"),
+    ((KQ_ID,), {"timeout": float("inf")}, "timeout"),
 ])
-def test_run_load_order_rejects_bad_input_with_a_usage_error(steps, options):
-    with pytest.raises(UsageError):
+def test_run_load_order_rejects_bad_input_with_a_usage_error_that_says_what(steps, options, says):
+    with pytest.raises(UsageError, match=re.escape(says)):
         run_load_order("executorch", *steps, **options)

@@ -48,8 +48,8 @@ def stop_on_signals() -> Callable[[], bool]:
     stop a command the same way: `Stopped`, once. The same stop often arrives twice at once
     (`timeout` and CI runners signal the process, then its group): a signal within
     SAME_STOP_S of the first is that one again, and ignored, so that the partial results
-    are still written; one after that is not waited for politely. Returns whether a stop
-    came."""
+    are still written; one after that is not waited for politely. Returns a function that
+    says whether a stop came."""
     first: list[float] = []  # when the first stop came
 
     def stop(signum: int, _frame: object) -> None:

@@ -10,6 +10,7 @@ import os
 import re
 from pathlib import Path
 
+from loadfuzz.baseline import FAIL_ON
 from loadfuzz.model import DEFAULT_MEM_MB, MAX_TIMEOUT_S, Flags, UsageError
 from loadfuzz.plan import WHOLE, Shard
 
@@ -174,7 +175,7 @@ def build_parser() -> Parser:
             sub.add_argument("--baseline", type=folder, metavar="RESULTS_FOLDER",
                              help="an earlier campaign's results folder: report the findings "
                                   "new, gone and still there since")
-            sub.add_argument("--fail-on", choices=("unexpected", "new"), default="unexpected",
+            sub.add_argument("--fail-on", choices=FAIL_ON, default="unexpected",
                              help="exit 1 on any unexpected finding (default), or only on an "
                                   "unexpected one that is new since --baseline")
         sub.add_argument("--out", type=folder, metavar="DIR", help="results folder")
@@ -232,7 +233,7 @@ def build_parser() -> Parser:
     sub.add_argument("--out", type=folder, required=True, metavar="DIR",
                      help="results folder of the whole campaign (must not hold results)")
     sub.add_argument("--json", action="store_true", help="print the merged summary as JSON")
-    sub.add_argument("--fail-on", choices=("unexpected", "new"), default="unexpected",
+    sub.add_argument("--fail-on", choices=FAIL_ON, default="unexpected",
                      help="as the shards' --fail-on: exit 1 on any unexpected finding (default), "
                           "or only on one new since their --baseline")
     return parser

@@ -22,7 +22,7 @@ whose first library is libtorch.so, libshm.so or libtorch_cpu.so); in front
 of the second it is a hidden step of the row server, taken after the row's
 first step (e.g. libtorch_cpu.so after libc10.so, for the trials whose
 second library is libtorch.so). Where the rule does not hold, the trial
-goes today's way: for libaoti_custom_ops.so, which defines type_info objects
+loads the library itself, in its step: for libaoti_custom_ops.so, which defines type_info objects
 libtorch_cpu.so also defines, the cold run binds libtorch_cpu.so to the
 plugin's copies, which a preloaded libtorch_cpu.so would not. Never for a
 Python step (`y`), nor after one, nor when libpython would come after the

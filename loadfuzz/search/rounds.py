@@ -1,7 +1,8 @@
 """Rounds: the Hypothesis search of one search process, round after round of examples.
 
 Hypothesis draws sequences of 1..`--max-len` steps (a library, and how it is
-loaded: `local`, `global`, or `py:` import for a Python extension) whose first
+loaded: `local`, `global`, `python` when `--flags` has it, or a `py:` import
+for a Python extension) whose first
 step is one of this process's, in rounds of a fixed number of examples. A
 failure raises an exception whose *type* is made from its identity, so
 Hypothesis tells failures apart and shrinks each one on its own; `target()`
