@@ -11,7 +11,7 @@
  *         at_exit 1: end as `python` ends (Py_FinalizeEx if it runs Python, then exit():
  *         atexit handlers and destructors run);
  *         at_exit 0: end with _exit() once the last step is done (much faster
- *         when libtorch is loaded: its destructors take ~100 ms)
+ *         when libtorch is loaded: its destructors take ~130 ms)
  *       then per step:  <g|l|y> <len>\n<bytes>
  *         g = dlopen RTLD_NOW|RTLD_GLOBAL, l = RTLD_NOW|RTLD_LOCAL,
  *         y = run the bytes as Python source in an interpreter this process embeds
@@ -60,6 +60,7 @@
  * its own import. It is refused (PRELOAD-ERROR) when the source fails or leaves
  * a thread or a child process behind: fork copies one thread only.
  */
+#define _GNU_SOURCE /* pipe2, syscall, RTLD_DEFAULT and clock_gettime under -std=c11 */
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>

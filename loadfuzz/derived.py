@@ -39,7 +39,6 @@ from pathlib import Path
 from loadfuzz import entries, hostenv
 
 FORMAT = 1
-SETTLE_NS = 2_000_000_000
 
 Identity = tuple[tuple[int, ...] | None, tuple[int, ...] | None]
 
@@ -106,7 +105,7 @@ class DerivedCache:
     """Results derived from many files, kept in `folder` (one file per entry) across commands."""
 
     folder: Path
-    settle_ns: int = SETTLE_NS  # results of files changed this recently are not kept
+    settle_ns: int = entries.SETTLE_NS  # results of files changed this recently are not kept
 
     @classmethod
     def default(cls) -> DerivedCache:

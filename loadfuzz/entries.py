@@ -23,6 +23,9 @@ import zlib
 from pathlib import Path
 
 MAGIC = b"loadfuzz-elf-cache\n"
+# What was read from a file changed less than this long ago is not kept (the file may be
+# being written still; as git does for "racily clean" files).
+SETTLE_NS = 2_000_000_000
 LENGTH = struct.Struct("<Q")  # the length of the pickled head, after MAGIC
 
 

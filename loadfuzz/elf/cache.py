@@ -35,7 +35,6 @@ from loadfuzz.elf.read import ElfFacts, Machine
 from loadfuzz.entries import PlainData  # noqa: F401  (what an entry may hold: plain values)
 
 FORMAT = 1
-SETTLE_NS = 2_000_000_000
 
 
 def reader_version() -> str:
@@ -55,10 +54,10 @@ class ElfCache:
 
     folder: Path
     version: str
-    settle_ns: int = SETTLE_NS  # a file changed this recently is not kept (see the module doc)
+    settle_ns: int = entries.SETTLE_NS  # a file changed this recently is not kept (see the module doc)
 
     @classmethod
-    def at(cls, folder: Path, settle_ns: int = SETTLE_NS) -> ElfCache | None:
+    def at(cls, folder: Path, settle_ns: int = entries.SETTLE_NS) -> ElfCache | None:
         """A cache in `folder`; None when the reading code cannot be read to know its version."""
         try:
             return cls(Path(folder), reader_version(), settle_ns)

@@ -23,10 +23,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from loadfuzz.model import Key, json_key, spell_sequence, step_label
+from loadfuzz.model import Key, Outcome, json_key, spell_sequence, step_label
 
 # The outcomes, in the order of the legend and of the outcome table.
-OUTCOME_ORDER = ("clean", "reregister", "abort", "crash", "load-error", "exit", "timeout")
+OUTCOME_ORDER = tuple(outcome.value for outcome in Outcome)
 # Characters shown as escapes wherever text must stay on one visible line.
 _INVISIBLE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 

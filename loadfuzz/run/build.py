@@ -25,7 +25,7 @@ from pathlib import Path
 
 from loadfuzz import hostenv
 
-CFLAGS = ("-std=c11", "-O2", "-Wall", "-Wextra", "-D_GNU_SOURCE")
+CFLAGS = ("-std=c11", "-O2", "-Wall", "-Wextra")
 LIBS = ("-ldl",)
 SEAL = b"\nloadfuzz-harness-sha256:"
 

@@ -66,6 +66,9 @@ class HarnessStep:
             os.fsencode(self.path))
 
 
+Preload = tuple[HarnessStep, ...]  # what a server takes before it forks its first trial
+
+
 def trial_environment(scratch: Path) -> dict[str, str]:
     """A loader-clean environment: nothing inherited but what loadfuzz sets on purpose."""
     env = {

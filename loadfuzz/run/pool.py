@@ -23,10 +23,8 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from loadfuzz.run.harness import Harness, HarnessDied, HarnessStep
+from loadfuzz.run.harness import Harness, HarnessDied, Preload
 from loadfuzz.run.processes import sweep_scratch
-
-Preload = tuple[HarnessStep, ...]
 
 
 @dataclass

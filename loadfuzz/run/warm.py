@@ -25,9 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loadfuzz.run.harness import HarnessStep
+from loadfuzz.run.harness import HarnessStep, Preload
 
-Preload = tuple[HarnessStep, ...]
 START = ""  # the source of a preload that only starts the interpreter
 IMPORT_TORCH = "import torch\n"
 MARK = b"LOADFUZZ-TORCH-FIRST "
