@@ -158,10 +158,10 @@ class RunOnce:
         key = sequence_key(seq)
         if key in self.runs:
             return self.runs[key]
-        for end in range(1, len(key)):
+        for end in range(1, len(key) + 1):  # up to the whole: a failed trial's own cut
             ended = self.ended.get(key[:end])
             if ended is not None:
-                return replace(ended, sequence=tuple(seq))
+                return replace(ended, sequence=tuple(seq), repro=self.trials.repro(seq))
         return None
 
     def learn(self, record: TrialRecord) -> None:

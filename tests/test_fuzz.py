@@ -281,3 +281,21 @@ def test_a_sequence_that_repeats_an_earlier_trial_up_to_its_failed_step_is_answe
     assert clean.clean and after_clean.clean
     assert [r.sequence for r in written] == [(a, b), (a,), (a, registry)]
     assert run.recalled == 1 and run.knows((a, b, b)) and not run.knows((a, a))
+
+
+def test_the_steps_of_a_failed_trial_up_to_its_failed_one_are_answered_under_their_own_repro():
+    """Shrinking first cuts the steps after the failed one: that cut is the trial itself,
+    answered from memory (no second run, which for a hang costs a whole --timeout), and its
+    record's repro command names the cut, not the longer sequence that ran."""
+    a, b, registry = (Step(StepKind.DLOPEN, name, Flags.LOCAL, CORPUS / name)
+                      for name in ("libcz_pair_a.so", "libcz_pair_b.so", "libcz_registry.so"))
+    written: list[TrialRecord] = []
+    with Trials(Limits()) as trials:
+        run = RunOnce(trials, written, Quiet())  # type: ignore[arg-type]
+        longer = run((a, b, registry))
+        cut = run((a, b))
+    assert (longer.outcome, longer.step) == (Outcome.REREGISTER, 1)
+    assert [r.sequence for r in written] == [(a, b, registry)] and run.recalled == 1
+    assert cut.sequence == (a, b) and (cut.outcome, cut.step, cut.op) == (
+        longer.outcome, longer.step, longer.op)
+    assert cut.repro == trials.repro((a, b)) and "libcz_registry" not in cut.repro

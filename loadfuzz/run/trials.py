@@ -188,6 +188,10 @@ class Trials:
             raise RuntimeError("the runner is closed: no more trials start")
         return harness_steps(seq, self.tiers, forked and self.joins(seq))
 
+    def repro(self, seq: Sequence) -> str:
+        """The command that reruns this sequence cold, as its record would say."""
+        return repro_command(seq, self.limits, self.loadfuzz)
+
     def _as_record(self, seq: Sequence, evidence: Evidence, via: str) -> TrialRecord:
         """The record of a trial that left this evidence: classified, with its repro command."""
         verdict = classify(evidence, self.catalogue)
