@@ -26,6 +26,7 @@ from loadfuzz.model import Flags, Outcome, Role, Step, StepKind, Stopped, TrialR
 from loadfuzz.plan import step_options
 from loadfuzz.run.harness import Limits
 from loadfuzz.run.trials import Trials
+from loadfuzz.search.fuzz import Findings, shrink_until
 from loadfuzz.search.shrink import simplify
 from loadfuzz.search.workers import Outbox
 from support import FIXTURES, LOADFUZZ, alive, loadfuzz
@@ -143,6 +144,34 @@ def test_simplify_leads_to_the_fewest_steps_each_loaded_local_when_that_still_fa
     minimal = simplify(fake_run(seq), fake_run, options)
     assert [(s.lib, s.flags) for s in minimal.sequence] == [("A", Flags.LOCAL),
                                                             ("B", Flags.LOCAL)]
+
+
+class Memory:
+    """RunOnce's part that simplifying sees, over the made-up world: each sequence run once."""
+
+    def __init__(self):
+        self.ran: dict = {}
+
+    def knows(self, seq):
+        return tuple(seq) in self.ran
+
+    def __call__(self, seq):
+        return self.ran.setdefault(tuple(seq), fake_run(seq))
+
+
+def test_a_failure_found_as_the_budget_ends_is_still_made_minimal():
+    """A failure from the last round (the budget ended a second ago) is simplified like one
+    found early: one defect is one finding. Past the grace, only what ran is tried."""
+    options = fake_options()
+    by = {(o.lib, o.flags): o for o in options}
+    late = fake_run((by["C", Flags.GLOBAL], by["A", Flags.GLOBAL], by["B", Flags.GLOBAL]))
+    ended = time.monotonic() - 1
+    for until, kept in ((shrink_until(ended, 4.0), [("A", Flags.LOCAL), ("B", Flags.LOCAL)]),
+                        (ended, [("C", Flags.GLOBAL), ("A", Flags.GLOBAL), ("B", Flags.GLOBAL)])):
+        findings = Findings(Memory(), options, until)  # type: ignore[arg-type]
+        findings.keep(late, "search")
+        [found] = findings.found.values()
+        assert [(s.lib, s.flags) for s in found.sequence] == kept
 
 
 def test_python_extensions_can_also_be_imported_and_local_comes_before_global():

@@ -51,7 +51,7 @@ class Findings:
 
     run: RunOnce  # every trial of the campaign's own process goes through it
     options: list[Step]
-    until: float  # the budget's end: past it, simplifying tries only what ran already
+    until: float  # past this (`shrink_until`), simplifying tries only what ran already
     found: dict[Identity, TrialRecord] = field(default_factory=dict)
     origins: dict[Identity, tuple[str, float]] = field(default_factory=dict)
     confirmed: dict[Key, TrialRecord] = field(default_factory=dict)  # a finding's cold run
@@ -70,7 +70,7 @@ class Findings:
         self.origins.setdefault(identity, (phase, round(time.monotonic() - self.started, 2)))
 
     def run_in_budget(self, seq: Steps) -> TrialRecord | None:
-        """The sequence's record; past the budget's end, only one that ran already (else None)."""
+        """The sequence's record; past `until`, only one that ran already (else None)."""
         if time.monotonic() >= self.until and not self.run.knows(seq):
             return None
         return self.run(seq)
@@ -130,6 +130,18 @@ def remember(inv: Inventory, db: DirectoryBasedExampleDatabase, record: TrialRec
 # --- the campaign --------------------------------------------------------------------
 
 
+# Past the budget, a failure is still simplified with new trials for this long (the greater
+# of the two): one found in the last round is as minimal as one found early, and one defect
+# is one finding, not several unshrunk ones (nor, the next night, "new" and "gone" again).
+SHRINK_GRACE_S = 30.0
+SHRINK_GRACE_SHARE = 0.1
+
+
+def shrink_until(budget_end: float, budget_s: float) -> float:
+    """When simplifying stops trying sequences that did not run yet."""
+    return budget_end + max(SHRINK_GRACE_S, SHRINK_GRACE_SHARE * budget_s)
+
+
 @dataclass(frozen=True)
 class FuzzOptions:
     """What only a fuzz campaign is asked: its budget, sequence length, seed and database."""
@@ -157,7 +169,7 @@ def run_fuzz(campaign: Prepared, options: FuzzOptions, watcher: Watcher,
         # Findings are confirmed cold once simplified, not every failing trial on the way.
         with campaign.trials(confirm=False) as trials:
             findings = Findings(RunOnce(trials, campaign.folder, watcher), step_choices,
-                                budget_end)
+                                shrink_until(budget_end, options.budget_s))
             runs = findings.run.runs
             try:
                 search = explore(findings, campaign, options, db, base_seed, budget_end, warnings)
