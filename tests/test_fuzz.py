@@ -108,6 +108,18 @@ def test_a_fuzz_campaign_writes_nothing_in_the_working_folder(tmp_path):
     assert list(here.iterdir()) == []  # not even Hypothesis's own .hypothesis/
 
 
+def test_a_campaign_whose_budget_ends_before_the_search_starts_says_it_searched_nothing(tmp_path):
+    """A nightly job whose budget is shorter than its workers' start-up would pass green
+    having tested only the predicted pairs: it is told, on stderr and in the summary."""
+    done = loadfuzz("fuzz", CORPUS, "--select", "libcz_quiet_*", "--budget", "0.01",
+                    "--db", tmp_path / "db", "--out", tmp_path / "out", "--json")
+    assert done.returncode == 0, done.stderr
+    [warning] = json.loads(done.stdout)["warnings"]
+    assert warning.startswith("the search ran no trial") and "--budget" in warning
+    assert f"loadfuzz: warning: {warning}\n" in done.stderr
+    assert "the search ran no trial" in (tmp_path / "out" / "report.md").read_text()
+
+
 def test_a_known_finding_replays_only_in_a_flags_mode_the_campaign_takes(tmp_path):
     db = tmp_path / "db"
     night = loadfuzz("fuzz", CORPUS, "--select", "libcz_pair_*", "--flags", "local",

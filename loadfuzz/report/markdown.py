@@ -174,6 +174,9 @@ def render_markdown(campaign: CampaignView) -> str:
                   "the trials that finished."
                   + (f" Continue with {_md_code(summary['resume'])}." if summary.get("resume") else ""),
                   ""]
+    warnings = summary.get("warnings") or []
+    if warnings:  # what the command printed on stderr, for whoever reads only this page
+        lines += ["**Warnings**:", "", *(f"- {_md_text(w)}" for w in warnings), ""]
 
     lines += ["## What was tested", ""]
     tested = [

@@ -173,6 +173,10 @@ def run_fuzz(campaign: Prepared, options: FuzzOptions, watcher: Watcher,
             runs = findings.run.runs
             try:
                 search = explore(findings, campaign, options, db, base_seed, budget_end, warnings)
+                if not search.searched:  # a green run that searched nothing must say so
+                    warnings.append(f"the search ran no trial before its budget "
+                                    f"({options.budget_s:g} s) ended: only the replay and "
+                                    f"predicted phases ran; give it a longer --budget")
                 confirmed = confirm_all(findings, trials, settings_.run.jobs)
             except BaseException:
                 trials.close()

@@ -90,6 +90,7 @@ class Report:
 
     jobs: int = 0
     rounds: int = 0
+    searched: int = 0  # trials the workers ran
     recalled: int = 0  # sequences the workers answered from memory (see `campaign.RunOnce`)
     search_s: float = 0.0
     usage: list[dict] = field(default_factory=list)  # each worker's `Usage.to_json()`
@@ -273,6 +274,7 @@ def handle(message: tuple, worker: Worker, findings: Findings, report: Report,
            waiting: list[TrialRecord]) -> None:
     kind, payload = message
     if kind == "trial":
+        report.searched += 1
         findings.run.take(payload)
     elif kind == "failure":
         waiting.append(payload)
