@@ -19,34 +19,18 @@ campaign, another shard's work, a sequence the search did not draw).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadfuzz.model import UsageError, json_key
+from loadfuzz.model import UsageError, json_key, normal_id
 
 # --fail-on: what makes the exit status 1.
 FAIL_ON = ("unexpected", "new")
-# The version part of a `<name>-<version>` folder: a PEP 440 version as it appears in a
-# wheel's or a distribution's name (no `-` inside), or `unversioned` (a target without one).
-VERSION = re.compile(r"\d[A-Za-z0-9_.+!]*|unversioned")
-NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
 
 Identity = tuple[str, str | None, str | None, frozenset[str]]
 Prefix = tuple[tuple[str, str, str], ...]
-
-
-def normal_id(lib: str) -> str:
-    """A library id without the version of its target: `executorch-1.5.1/lib/x.so` ->
-    `executorch/lib/x.so`. An id whose first component is not `<name>-<version>`, or that has
-    a single component (`lib/x.so`, `extra/p.so`, `libx-1.2.so`), stays as it is."""
-    head, slash, rest = lib.partition("/")
-    name, dash, version = head.rpartition("-")
-    if slash and dash and NAME.fullmatch(name) and VERSION.fullmatch(version):
-        return f"{name}/{rest}"
-    return lib
 
 
 def steps_run(record: Mapping[str, Any]) -> list[Mapping[str, Any]]:

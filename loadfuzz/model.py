@@ -112,6 +112,23 @@ def json_key(record: Mapping[str, Any]) -> Key:
     return tuple((s["kind"], s["lib"], s["flags"]) for s in record["sequence"])
 
 
+# The version part of a `<name>-<version>` folder: a PEP 440 version as it appears in a
+# wheel's or a distribution's name (no `-` inside), or `unversioned` (a target without one).
+VERSION = re.compile(r"\d[A-Za-z0-9_.+!]*|unversioned")
+NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
+
+
+def normal_id(lib: str) -> str:
+    """A library id without the version of its target: `executorch-1.5.1/lib/x.so` ->
+    `executorch/lib/x.so`. An id whose first component is not `<name>-<version>`, or that has
+    a single component (`lib/x.so`, `extra/p.so`, `libx-1.2.so`), stays as it is."""
+    head, slash, rest = lib.partition("/")
+    name, dash, version = head.rpartition("-")
+    if slash and dash and NAME.fullmatch(name) and VERSION.fullmatch(version):
+        return f"{name}/{rest}"
+    return lib
+
+
 # step prefix on the command line -> (kind, flags mode; None: the command's default)
 STEP_PREFIXES: dict[str, tuple[StepKind, Flags | None]] = {
     "global": (StepKind.DLOPEN, Flags.GLOBAL),

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import zipfile
 
 import hypothesis
 import psutil
@@ -118,6 +119,35 @@ def test_a_campaign_whose_budget_ends_before_the_search_starts_says_it_searched_
     assert warning.startswith("the search ran no trial") and "--budget" in warning
     assert f"loadfuzz: warning: {warning}\n" in done.stderr
     assert "the search ran no trial" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_a_campaign_over_several_targets_replays_its_findings_after_an_upgrade(tmp_path):
+    """The nightly job of an environment: its packages are upgraded, or named in another
+    order, and what earlier nights found still replays first (ids match without versions)."""
+    wheels = []
+    for version in ("1.0", "1.1"):
+        wheels.append(tmp_path / f"fxpair-{version}-py3-none-any.whl")
+        with zipfile.ZipFile(wheels[-1], "w") as archive:
+            for name in ("libcz_pair_a.so", "libcz_pair_b.so", "libcz_registry.so"):
+                archive.write(CORPUS / name, f"fxpair/{name}")
+            archive.writestr(f"fxpair-{version}.dist-info/METADATA",
+                             f"Name: fxpair\nVersion: {version}\n")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "libcz_solo.so").write_bytes((CORPUS / "libcz_solo.so").read_bytes())
+    db = tmp_path / "db"
+    first = loadfuzz("fuzz", wheels[0], other, "--flags", "local", "--budget", "3s",
+                     "--db", db, "--out", tmp_path / "night-1", "--json")
+    [finding] = json.loads(first.stdout)["findings"]
+    assert finding["op"] == "cz::pair_op.out", first.stderr
+    second = loadfuzz("fuzz", other, wheels[1], "--flags", "local", "--budget", "0.01",
+                      "--db", db, "--out", tmp_path / "night-2", "--json")
+    summary = json.loads(second.stdout)
+    assert [f["op"] for f in summary["findings"]] == ["cz::pair_op.out"], second.stderr
+    [found] = summary["found"]
+    assert found["phase"] == "replay"
+    assert [s["lib"] for s in found["sequence"]] == [
+        s["lib"].replace("fxpair-1.0/", "fxpair-1.1/") for s in finding["sequence"]]
 
 
 def test_a_known_finding_replays_only_in_a_flags_mode_the_campaign_takes(tmp_path):

@@ -22,6 +22,7 @@ fork server saw them (`via` "fork-server").
 
 from __future__ import annotations
 
+import collections
 import json
 import random
 import sys
@@ -37,7 +38,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from loadfuzz import plan, predict
 from loadfuzz.campaign import Prepared, RunOnce, Watcher, run_work, summarize, write_partial
 from loadfuzz.inventory import Inventory
-from loadfuzz.model import Flags, Key, Step, StepKind, TrialRecord
+from loadfuzz.model import Flags, Key, Step, StepKind, TrialRecord, normal_id
 from loadfuzz.model import Sequence as Steps
 from loadfuzz.results import usable, utc_now
 from loadfuzz.run.trials import Trials, is_python
@@ -96,23 +97,34 @@ class Findings:
 
 
 def database_key(inv: Inventory) -> bytes:
-    return f"loadfuzz-fuzz:{inv.name}".encode()
+    """Where a target's findings are kept: under its name. Several targets: their names
+    without versions, in any order (`torch+executorch`), so that an upgrade of one, or
+    naming them in another order, still replays what earlier nights found."""
+    if not inv.labels or inv.name == "env":
+        return f"loadfuzz-fuzz:{inv.name}".encode()
+    names = sorted(normal_id(f"{label}/").rstrip("/") for label in inv.labels)
+    return f"loadfuzz-fuzz:{'+'.join(names)}".encode()
 
 
 def replayable(inv: Inventory, db: DirectoryBasedExampleDatabase) -> tuple[list[Steps], int]:
-    """Known minimal sequences of this target whose libraries are all still in it, and how many
-    entries could not be read at all (garbage in the database: ignored, but said)."""
-    ids = {lib.id: lib for lib in inv.libraries}
+    """Known minimal sequences of this target whose libraries are all still in it (several
+    targets: by ids without their versions), and how many entries could not be read at all
+    (garbage in the database: ignored, but said). Entries kept under the versioned key of
+    earlier loadfuzz releases (`torch-2.13.0+cpu+executorch-1.5.1`) are read too."""
+    normal = collections.Counter(normal_id(lib.id) for lib in inv.libraries)
+    ids = {normal_id(lib.id): lib for lib in inv.libraries if normal[normal_id(lib.id)] == 1}
+    ids |= {lib.id: lib for lib in inv.libraries}  # (two releases of one target: by id only)
     found, unreadable = [], 0
     try:
-        values = sorted(db.fetch(database_key(inv)))
+        values = sorted(set().union(*(db.fetch(key) for key in dict.fromkeys(
+            (database_key(inv), f"loadfuzz-fuzz:{inv.name}".encode())))))
     except OSError:
         return [], 1
     for value in values:
         try:
             steps = json.loads(value.decode())
-            seq = tuple(Step(StepKind(s["kind"]), s["lib"], Flags(s["flags"]), ids[s["lib"]].path)
-                        for s in steps)
+            seq = tuple(Step(StepKind(s["kind"]), lib.id, Flags(s["flags"]), lib.path)
+                        for s in steps for lib in [ids.get(s["lib"]) or ids[normal_id(s["lib"])]])
         except KeyError:
             continue  # a library that is gone from the target
         except (ValueError, TypeError, AttributeError):
