@@ -177,7 +177,9 @@ def holds_results(out: Path) -> bool:
 
 def usable(folder: Path, what: str) -> None:
     """UsageError unless `folder` is, or can be made, a folder this process can write in: its
-    nearest existing ancestor is a folder, and a writable one when `folder` does not exist yet."""
+    nearest existing ancestor is a folder, and a writable one when `folder` does not exist yet.
+    A folder to be made is made and removed again: permission bits do not tell (root may
+    write anywhere they say, but not in /proc, /sys or a read-only mount)."""
     existing = Path(os.path.abspath(folder))
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
@@ -185,6 +187,17 @@ def usable(folder: Path, what: str) -> None:
         raise UsageError(f"{what} {folder}: {existing} is not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UsageError(f"{what} {folder}: cannot write in {existing}")
+    if existing != Path(os.path.abspath(folder)):
+        made = Path(os.path.abspath(folder)).relative_to(existing).parts[0]
+        try:
+            (existing / made).mkdir()
+        except FileExistsError:
+            return  # made meanwhile, by another command
+        except OSError as exc:
+            raise UsageError(f"{what} {folder}: cannot make a folder in {existing}: "
+                             f"{exc.strerror or exc}") from None
+        with contextlib.suppress(OSError):
+            (existing / made).rmdir()
 
 
 def finished_summary(folder: Path, where: str) -> dict[str, Any]:

@@ -70,6 +70,11 @@ CASES = {
                          "is not a folder"),
     "empty out": (lambda f: ["matrix", QUANTIZED, "--out", ""], "an empty path"),
     "db under a file": (lambda f: ["fuzz", QUANTIZED, "--db", under_a_file(f)], "is not a folder"),
+    # no folder can be made there, whatever the permission bits say (even to root)
+    "out in /proc": (lambda f: ["matrix", QUANTIZED, "--out", "/proc/loadfuzz-out"],
+                     "cannot make a folder in /proc"),
+    "db in /proc": (lambda f: ["fuzz", QUANTIZED, "--db", "/proc/loadfuzz-db"],
+                    "cannot make a folder in /proc"),
     "jobs past any machine": (lambda f: ["repro", "Segmentation fault", "executorch", "--jobs",
                                          "99999999999999999999"], "at most 4096"),
     "resume of a garbled campaign": (lambda f: ["matrix", QUANTIZED, "--resume", "--out",
