@@ -150,6 +150,26 @@ def test_a_campaign_over_several_targets_replays_its_findings_after_an_upgrade(t
         s["lib"].replace("fxpair-1.0/", "fxpair-1.1/") for s in finding["sequence"]]
 
 
+def test_findings_the_database_cannot_keep_are_said_lost(tmp_path):
+    """A --db whose entry for the target is taken (a file where Hypothesis makes a folder)
+    loses what is saved there: the campaign says so, since the next night will not replay."""
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
+    from loadfuzz import inventory
+    from loadfuzz.search.fuzz import database_key
+
+    db = tmp_path / "db"
+    key = database_key(inventory.load_target(str(CORPUS)))
+    db.mkdir()
+    DirectoryBasedExampleDatabase(db)._key_path(key).write_text("in the way\n")
+    done = loadfuzz("fuzz", CORPUS, "--select", "libcz_pair_*", "--budget", "2s",
+                    "--db", db, "--out", tmp_path / "out", "--json")
+    summary = json.loads(done.stdout)
+    assert summary["findings"], done.stderr
+    assert any(w.startswith(f"--db {db}: could not save") for w in summary["warnings"])
+    assert "could not save" in done.stderr
+
+
 def test_a_known_finding_replays_only_in_a_flags_mode_the_campaign_takes(tmp_path):
     db = tmp_path / "db"
     night = loadfuzz("fuzz", CORPUS, "--select", "libcz_pair_*", "--flags", "local",

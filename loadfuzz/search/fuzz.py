@@ -134,9 +134,12 @@ def replayable(inv: Inventory, db: DirectoryBasedExampleDatabase) -> tuple[list[
     return found, unreadable
 
 
-def remember(inv: Inventory, db: DirectoryBasedExampleDatabase, record: TrialRecord) -> None:
+def remember(inv: Inventory, db: DirectoryBasedExampleDatabase, record: TrialRecord) -> bool:
+    """Save a finding's sequence; whether it can be read back (Hypothesis drops a save it
+    cannot make without a word)."""
     value = json.dumps([s.to_json() for s in record.sequence], sort_keys=True).encode()
     db.save(database_key(inv), value)
+    return value in set(db.fetch(database_key(inv)))
 
 
 # --- the campaign --------------------------------------------------------------------
@@ -200,8 +203,10 @@ def run_fuzz(campaign: Prepared, options: FuzzOptions, watcher: Watcher,
                               warnings=warnings, found=found_entries(findings, kept),
                               **search.summary(trials, findings.run.recalled))
                 raise
-            for record in confirmed:
-                remember(inv, db, record)
+            lost = sum(not remember(inv, db, record) for record in confirmed)
+            if lost:
+                warnings.append(f"--db {options.db}: could not save {lost} of the findings "
+                                f"there; the next campaign will not replay them")
             found = found_entries(findings, confirmed)
             summary = summarize(campaign, runs.values(), confirmed, trials, started,
                                 time.monotonic() - clock, seed=base_seed, max_len=options.max_len,
