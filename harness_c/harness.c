@@ -40,7 +40,8 @@
  *                        instead, when a step failed or left the process in a
  *                        state a fork would not copy (a thread, a child, a timer,
  *                        a pending signal, a changed or non-empty working
- *                        folder, the server's pipes touched): run them one by one
+ *                        folder, the server's pipes touched, a fork handler
+ *                        registered): run them one by one
  *   parent -> server:  END\n      the row server exits; its server serves again
  *
  * The step trace (which step started, which finished, the dlerror text) lives
@@ -123,6 +124,30 @@ static int64_t now_ns(void) {
 /* _exit, never exit: a server must not run the destructors of what it preloaded,
  * and a row server must not flush the stdio buffers its prefix filled. */
 static void die(const char *what) { perror(what); _exit(111); }
+
+/* Fork handlers. A handler that a library registers (pthread_atfork) while a
+ * server preloads it, or while a row server takes its prefix, would run in the
+ * child of every trial forked from there, where the cold run never forks. So
+ * the harness defines the two ways in (the executable comes first in the
+ * global scope; build.py exports just these two names), counts, and passes
+ * each call on to the C library's own. */
+typedef int (*register_fn)(void (*)(void), void (*)(void), void (*)(void), void *);
+typedef int (*atfork_fn)(void (*)(void), void (*)(void), void (*)(void));
+static volatile unsigned fork_handlers; /* registered in this process so far */
+
+int __register_atfork(void (*prepare)(void), void (*parent)(void), void (*child)(void),
+                      void *dso) {
+    register_fn real = (register_fn)dlsym(RTLD_NEXT, "__register_atfork");
+    fork_handlers++;
+    return real ? real(prepare, parent, child, dso) : ENOMEM;
+}
+
+int pthread_atfork(void (*prepare)(void), void (*parent)(void), void (*child)(void)) {
+    atfork_fn real = (atfork_fn)dlsym(RTLD_NEXT, "pthread_atfork");
+    if (!real) return __register_atfork(prepare, parent, child, NULL);
+    fork_handlers++;
+    return real(prepare, parent, child);
+}
 
 /* ---- reading the parent's messages ------------------------------------- */
 
@@ -584,8 +609,11 @@ static void run_row_server(const struct trial *t, struct trace *tr, int out_w, i
     enter_trial(t, tr, out_w, ctl, status);
     prctl(PR_SET_CHILD_SUBREAPER, 1);
     int fds = count_entries("/proc/self/fd");
+    unsigned handlers = fork_handlers;
     if (take_steps(t, tr) < 0) { tr->row = ROW_REFUSED; _exit(0); }
-    const char *why = unsharable(t, pipes, fds);
+    const char *why = fork_handlers != handlers
+        ? "the prefix registered a fork handler (pthread_atfork), which every trial would run"
+        : unsharable(t, pipes, fds);
     if (why) { set_error(tr, why); tr->row = ROW_REFUSED; _exit(0); }
     tr->row = ROW_READY;
     int null = open("/dev/null", O_WRONLY); /* the capture pipe closes: the server reads on */
@@ -736,7 +764,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(opt, "--parent")) parent = atol(val);
         else if (!strcmp(opt, "--preload") || !strcmp(opt, "--preload-global")) {
             int flags = RTLD_NOW | (opt[9] == '-' ? RTLD_GLOBAL : RTLD_LOCAL);
+            unsigned handlers = fork_handlers;
             if (!dlopen(val, flags)) preload_error(status, dlerror());
+            if (fork_handlers != handlers) /* (a Python preload's are accepted: protocol.md) */
+                preload_error(status, "a preload registered a fork handler (pthread_atfork): "
+                                      "every trial would run it");
             preloaded = 1;
         } else if (!strcmp(opt, "--preload-python")) {
             preload_python(val, status);

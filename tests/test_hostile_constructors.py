@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from loadfuzz.model import Flags, Outcome
-from loadfuzz.run.harness import HarnessStep, Limits, run_cold
+from loadfuzz.run.harness import Harness, HarnessDied, HarnessStep, Limits, run_cold
 from support import PATHS, hostile, processes_holding, step, trials_on
 
 LIMITS = Limits(timeout_s=2, mem_mb=4096)
@@ -184,3 +184,28 @@ def test_a_hostile_first_step_is_shared_only_when_a_fork_copies_it_whole(name):
             (Outcome.CRASH, 1, signal.SIGSEGV, None, None)]
         assert_nothing_left(name)
     assert psutil.Process().children(recursive=True) == []
+
+
+def test_a_first_step_that_registers_a_fork_handler_is_never_shared():
+    """A handler a library registers with pthread_atfork runs in every process forked after
+    it loads, and a cold run never forks: were the row shared, each trial would run it (here
+    it hides what makes the next library abort, and a clean trial is not run again cold).
+    The row server refuses, and every trial gets its cold verdict."""
+    atfork, victim = hostile("atfork"), hostile("atfork_victim")
+    row = [(step(atfork), step(CLEAN)), (step(atfork), step(victim))]
+    with trials_on("fork-server", LIMITS) as runner:
+        records = list(runner.run_row(row))
+        cold = [runner.run_cold(seq) for seq in row]
+        assert (runner.usage.rows_shared, runner.usage.rows_not_shared) == (0, {
+            "the prefix registered a fork handler (pthread_atfork), which every trial would run": 1})
+        assert [verdict(r) for r in records] == [verdict(r) for r in cold]
+    assert cold[1].outcome is Outcome.ABORT and cold[1].step == 1  # what the cold run does
+
+
+def test_a_server_whose_preload_registers_a_fork_handler_does_not_start():
+    """The same for a library a fork server would preload: its trials go another way."""
+    with pytest.raises(HarnessDied, match="registered a fork handler"), \
+            Harness([HarnessStep("l", hostile("atfork"))]):
+        pass
+    with Harness([HarnessStep("l", hostile("atfork_victim"))]):  # a load that registers none
+        pass

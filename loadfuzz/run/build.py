@@ -26,7 +26,9 @@ from pathlib import Path
 from loadfuzz import hostenv
 
 CFLAGS = ("-std=c11", "-O2", "-Wall", "-Wextra")
-LIBS = ("-ldl",)
+# The harness's fork-handler counters must come before the C library's in the global scope.
+LIBS = ("-ldl", "-Wl,--export-dynamic-symbol=__register_atfork",
+        "-Wl,--export-dynamic-symbol=pthread_atfork")
 SEAL = b"\nloadfuzz-harness-sha256:"
 
 
