@@ -27,13 +27,13 @@ from loadfuzz.baseline import Baseline, new_and_unexpected
 from loadfuzz.classify import environment_signatures
 from loadfuzz.expect import Expectation, classify_findings
 from loadfuzz.inventory import Inventory, Library
-from loadfuzz.model import Key, TrialRecord, UsageError, sequence_key
+from loadfuzz.model import Key, TrialRecord, sequence_key
 from loadfuzz.model import Sequence as Steps
-from loadfuzz.results import ResultsFolder, check_out, default_out, utc_now
+from loadfuzz.results import ResultsFolder, default_out, utc_now
 from loadfuzz.run.pool import ServerPool
 from loadfuzz.run.schedule import run_all
 from loadfuzz.run.trials import Trials
-from loadfuzz.settings import CampaignSettings
+from loadfuzz.settings import CampaignSettings, Checked, check_input
 
 
 class Watcher(Protocol):
@@ -97,17 +97,12 @@ class Prepared:
 
 
 def prepare(settings: CampaignSettings, command: str, suffix: str = "",
-            baseline: Path | None = None) -> Prepared:
-    """Read the expectations, the baseline (`--baseline`) and the target, and check the
-    results folder; UsageError if bad. What the user wrote is checked before the target is
-    read (seconds for a large one, and the ELF cache filled): bad input costs nothing."""
-    if settings.resume and settings.out is None:
-        raise UsageError("--resume needs --out DIR, the folder of the campaign to continue")
+            baseline: Path | None = None, checked: Checked | None = None) -> Prepared:
+    """The campaign: its input checked (`check_input`, unless `checked` says it was), then
+    its target read; UsageError if bad."""
     resumable = command == "matrix"
-    expectations = settings.expectations()
-    earlier = Baseline.read(baseline) if baseline is not None else None
-    if settings.out is not None:
-        check_out(settings.out, settings.resume, resumable)
+    checked = checked or check_input(settings, command, baseline)
+    expectations, earlier = checked.expectations, checked.baseline
     inv, libs = settings.target.load()
     out = settings.out or default_out(inv.folder_name, suffix)
     folder = ResultsFolder(out, settings.resume, inv.locate, resumable)

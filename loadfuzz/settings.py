@@ -1,5 +1,6 @@
 """Settings: what a user asked for, as typed values that the CLI, the API and the pytest plugin
-all build the same way (nothing below the command line sees argparse).
+all build the same way (nothing below the command line sees argparse), and the check of the
+files it names (`check_input`) that comes before anything is read or run.
 """
 
 from __future__ import annotations
@@ -9,9 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from loadfuzz.baseline import Baseline
 from loadfuzz.expect import Expectation, load_expectations
-from loadfuzz.model import Flags
+from loadfuzz.model import Flags, UsageError
 from loadfuzz.plan import WHOLE, Shard
+from loadfuzz.results import check_out
 from loadfuzz.run.harness import Limits
 
 if TYPE_CHECKING:  # imported where used: a command reads its settings before they load
@@ -78,3 +81,26 @@ class CampaignSettings:
 
     def expectations(self) -> tuple[Expectation, ...]:
         return load_expectations(self.expect) if self.expect else ()
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What the user wrote, read and checked (`check_input`): nothing of the target yet."""
+
+    expectations: tuple[Expectation, ...]
+    baseline: Baseline | None
+
+
+def check_input(settings: CampaignSettings, command: str,
+                baseline: Path | None = None) -> Checked:
+    """Read the expectations and the baseline (`--baseline`), and check the results folder;
+    UsageError if bad. Cheap: a command does this before it reads the target (seconds for a
+    large one, and the ELF cache filled) or starts a fork server, so bad input costs nothing
+    and runs no library's code."""
+    if settings.resume and settings.out is None:
+        raise UsageError("--resume needs --out DIR, the folder of the campaign to continue")
+    expectations = settings.expectations()
+    earlier = Baseline.read(baseline) if baseline is not None else None
+    if settings.out is not None:
+        check_out(settings.out, settings.resume, command == "matrix")
+    return Checked(expectations, earlier)

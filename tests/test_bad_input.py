@@ -157,3 +157,23 @@ def test_what_the_user_wrote_is_checked_before_the_target_is_read(tmp_path, case
 def test_a_budget_reads_as_people_write_durations():
     written = ("90", "90s", "10m", "1h", "1h30m", "2m30s", "1h0m5s", "1.5h")
     assert [budget(text) for text in written] == [90, 90, 600, 3600, 5400, 150, 3605, 5400]
+
+
+def test_bad_input_starts_no_fork_server_even_when_the_last_run_says_which(tmp_path, monkeypatch):
+    """A matrix run again starts the servers its last run took before it reads the target
+    (a guess kept in the cache); those servers run libraries' constructors. A mistake in
+    the command line is found before that."""
+    from loadfuzz.cli import main
+    from loadfuzz.run import pool
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    target = str(LEGACY_PLUGIN.parent.parent / "corpus")
+    monkeypatch.chdir(tmp_path)
+    assert main(["matrix", target, "--out", str(tmp_path / "first")]) == 1  # the pair collides
+    started = []
+    monkeypatch.setattr(pool, "Harness", lambda *a, **k: started.append(a) or 1 / 0)
+    assert main(["matrix", target, "--expect", str(bad_toml(tmp_path)),
+                 "--out", str(tmp_path / "second")]) == 2
+    assert started == []
+    main(["matrix", target, "--out", str(tmp_path / "third")])  # its servers fail: cold trials
+    assert started  # (the same command with good input starts them)

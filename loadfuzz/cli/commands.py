@@ -174,14 +174,16 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_matrix(args: argparse.Namespace) -> int:
     from loadfuzz.baseline import check_fail_on
     from loadfuzz.run import ahead
+    from loadfuzz.settings import check_input
 
     check_fail_on(args.fail_on, args.baseline)
     settings = campaign_settings(args)
-    pool = ahead.start("matrix", settings)  # they start while the rest loads and reads
+    checked = check_input(settings, "matrix", args.baseline)  # before any server starts
+    pool = ahead.start("matrix", settings)  # they start while the target is read
     try:
         from loadfuzz.campaign import exit_status, run_matrix
 
-        campaign = prepared(settings, "matrix", baseline=args.baseline)
+        campaign = prepared(settings, "matrix", baseline=args.baseline, checked=checked)
         try:
             with failing_into(campaign):
                 summary, records = run_matrix(campaign, Progress("matrix"), pool)
