@@ -55,6 +55,13 @@ CRASHES = ((re.compile(r"Segmentation fault"), signal.SIGSEGV),
            (re.compile(r"Illegal instruction"), signal.SIGILL),
            (re.compile(r"Floating point exception"), signal.SIGFPE))
 ABORTED = re.compile(r"\bAborted\b")
+SPACE = re.compile(r"\s+")
+
+
+def plain(text: str) -> str:
+    """Text as it is compared: without colour codes, any run of white space (line breaks
+    too) one space."""
+    return SPACE.sub(" ", COLOUR.sub("", text)).strip()
 
 
 @dataclass(frozen=True)
@@ -73,7 +80,11 @@ class Message:
             return (record.signature, record.op) == (self.signature, self.op)
         if self.signal is not None:
             return record.signal == self.signal
-        return self.needle in record.detail
+        # Anywhere in what the trial printed, not only its one-line detail: an abort's own line
+        # is seldom the last (gcc's `terminate called ...` comes before its `what(): ...`), and
+        # an `exit` detail quotes none. Lines run together: two lines pasted as one are found.
+        needle = plain(self.needle)
+        return needle in plain(record.detail) or needle in plain(record.printed)
 
     @property
     def needle(self) -> str:
@@ -167,7 +178,7 @@ def reproduce(campaign: Prepared, message: Message, watcher: Watcher) -> dict[st
 
     campaign.folder.open()
     try:
-        with campaign.trials(candidates or inv.libraries) as trials:
+        with campaign.trials(candidates or inv.libraries, keep_printed=True) as trials:
             run = RunOnce(trials, campaign.folder, watcher)
             work = itertools.islice(orders(inv, candidates), MOST_TRIALS) if candidates else ()
             first = None
