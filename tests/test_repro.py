@@ -267,3 +267,37 @@ def test_a_line_the_trial_did_not_print_is_not_reproduced(tmp_path):
                     "--out", tmp_path / "out", "--json")
     assert done.returncode == 1, done.stdout + done.stderr
     assert json.loads(done.stdout)["tried"] == 3  # the one library, under each flags mode
+
+
+def aborting_after(folder, said):
+    folder.mkdir()
+    return build(folder, "says", ABORTS_AFTER_SAYING % (f'"{said}"', "abort()"))
+
+
+def repro_with_stdin(text, *args):
+    return subprocess.run([str(LOADFUZZ), "repro", *map(str, args)], input=text,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("dash", [["-"], ["--log", "-"]])
+def test_a_dash_reads_the_message_from_stdin_and_is_never_a_message_itself(dash, tmp_path):
+    """`-` once reproduced any trial whose detail held a dash, exit 0."""
+    aborting_after(tmp_path / "libs", "fatal: widget table corrupt\\n-- giving up --\\n")
+    done = repro_with_stdin("I 00:00:00.1 loading\nfatal: widget table corrupt\n", *dash,
+                            tmp_path / "libs", "--out", tmp_path / "found", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["message"] == "fatal: widget table corrupt"
+    done = repro_with_stdin("fatal: gadget table corrupt\n", *dash, tmp_path / "libs",
+                            "--out", tmp_path / "not-found", "--json")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert json.loads(done.stdout)["reproduced"] is False
+
+
+@pytest.mark.parametrize("message", ["..", "a-b", "[ ] ::", "2026-12-05T04:12:00Z ->", "'-'"])
+def test_a_message_with_no_word_of_three_letters_or_digits_is_bad_input(message, tmp_path):
+    aborting_after(tmp_path / "libs", "fatal: widget table corrupt\\n-- a-b .. :: -> --\\n")
+    done = loadfuzz("repro", message, tmp_path / "libs", "--out", tmp_path / "out")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stdout == "" and len(done.stderr.splitlines()) == 1
+    assert "no word to look for" in done.stderr
+    assert not (tmp_path / "out").exists()

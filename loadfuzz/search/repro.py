@@ -56,6 +56,7 @@ CRASHES = ((re.compile(r"Segmentation fault"), signal.SIGSEGV),
            (re.compile(r"Floating point exception"), signal.SIGFPE))
 ABORTED = re.compile(r"\bAborted\b")
 SPACE = re.compile(r"\s+")
+WORD = re.compile(r"[^\W_]{3}")  # what a message must hold to be looked for: 3 letters or digits
 
 
 def plain(text: str) -> str:
@@ -89,8 +90,11 @@ class Message:
     @property
     def needle(self) -> str:
         """For an unknown line: its text without the log prefix (time stamps differ)."""
-        words = self.text.split("] ", 1)
-        return words[-1].strip()[:120]
+        return needle_of(self.text)
+
+
+def needle_of(line: str) -> str:
+    return line.split("] ", 1)[-1].strip()[:120]
 
 
 def read_message(text: str) -> Message:
@@ -105,6 +109,11 @@ def read_message(text: str) -> Message:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if not lines:
         raise UsageError("the message is empty: give the abort line, or --log FILE")
+    # A line with no word (`-`, `...`) is found in almost any output: never a message.
+    lines = [line for line in lines if WORD.search(needle_of(line))]
+    if not lines:
+        raise UsageError("the message has no word to look for (3 letters or digits in a row): "
+                         "give the abort line, or --log FILE (--log - reads it from stdin)")
     for pattern, signum in CRASHES:
         crashed = next((line for line in lines if pattern.search(line)), None)
         if crashed is not None:
