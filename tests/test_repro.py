@@ -301,3 +301,27 @@ def test_a_message_with_no_word_of_three_letters_or_digits_is_bad_input(message,
     assert done.stdout == "" and len(done.stderr.splitlines()) == 1
     assert "no word to look for" in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+WHAT = "what(): duplicate handler registered: 'fast_path'"
+
+
+@pytest.mark.parametrize("prefix", ["2026-12-05 04:12:02,124 - app - ERROR - ",
+                                    "Dec  5 04:12:02 host app[4242]: ",
+                                    "2026-12-05T04:12:02.123456+00:00 host app[4242]: ",
+                                    "2026-12-05T04:12:00.1234567Z 2026-12-05 04:12:02,124 - app - "
+                                    "CRITICAL - "])
+def test_a_line_from_python_logging_or_syslog_is_read_without_the_logger_prefix(prefix, tmp_path):
+    assert read_message(f"{prefix}{WHAT}").text == WHAT
+    library_saying(tmp_path / "libs", "terminate")
+    done = loadfuzz("repro", f"{prefix}{WHAT}", tmp_path / "libs", "--out", tmp_path / "out",
+                    "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["reproduced"] is True
+
+
+def test_in_a_python_log_the_line_logged_as_an_error_is_the_message():
+    log = ("2026-12-05 04:12:01,000 - app - INFO - loading the handlers\n"
+           f"2026-12-05 04:12:02,124 - app - ERROR - {WHAT}\n"
+           "2026-12-05 04:12:02,200 - app - INFO - shutting down\n")
+    assert read_message(log).text == WHAT
