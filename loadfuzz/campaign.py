@@ -79,8 +79,9 @@ class Prepared:
         return self.folder.out
 
     def trials(self, servers_for: Sequence[Library] | None = None, confirm: bool = True,
-               pool: ServerPool | None = None) -> Trials:
-        return self.settings.run.trials(self.inv, tuple(servers_for or self.libs), confirm, pool)
+               pool: ServerPool | None = None, keep_printed: bool = False) -> Trials:
+        return self.settings.run.trials(self.inv, tuple(servers_for or self.libs), confirm, pool,
+                                        keep_printed)
 
     def resume_command(self) -> str | None:
         """The command that continues this campaign (matrix only: fuzz and repro start anew)."""

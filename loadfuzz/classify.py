@@ -100,7 +100,7 @@ def _plain_detail(outcome: Outcome, step: int | None, ev: Evidence, output: str)
         return (f"the process exited with status {ev.exit_code}, but its step trace does not add "
                 f"up: {ev.done} ended, {ev.started} began")
     if outcome is Outcome.EXIT:
-        return f"the process exited with status {ev.exit_code} {where}"
+        return f"the process exited with status {ev.exit_code} {where}{said}"
     return "every step completed"
 
 

@@ -380,6 +380,9 @@ class TrialRecord:
     repro: str
     via: str = "cold"  # "cold" (a fresh process), "fork-server" or "shared prefix" (+ ", confirmed cold")
     cause: Cause | None = None  # a finding's explanation (see explain); None for a clean trial
+    # The step's error, then what the trial printed (the head and tail the harness kept), when
+    # its runner keeps them (`repro` looks for a message there); never part of the JSON record.
+    printed: str = field(default="", compare=False, repr=False)
 
     @property
     def clean(self) -> bool:

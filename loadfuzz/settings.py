@@ -53,17 +53,19 @@ class RunSettings:
 
     def trials(self, inv: inventory.Inventory,
                servers_for: tuple[inventory.Library, ...] | None = None,
-               confirm: bool = True, pool: ServerPool | None = None) -> Trials:
+               confirm: bool = True, pool: ServerPool | None = None,
+               keep_printed: bool = False) -> Trials:
         """A runner for sequences of the inventory's libraries, its fork servers built for
         `servers_for` (default: every library); `confirm` False: findings are not confirmed
         cold one by one (a search confirms those it reports); `pool`: the fork servers to use
-        (default: a new pool; see `ahead`)."""
+        (default: a new pool; see `ahead`); `keep_printed`: records keep what was printed."""
         from loadfuzz.explain import Explainer
         from loadfuzz.run.tiers import Tiers
         from loadfuzz.run.trials import Trials
 
         return Trials(self.limits, Tiers.of(inv.libraries, servers_for, inv.link_map),
-                      cold=self.cold, confirm=confirm, explainer=Explainer(inv), pool=pool)
+                      cold=self.cold, confirm=confirm, explainer=Explainer(inv), pool=pool,
+                      keep_printed=keep_printed)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from loadfuzz.model import Flags, Outcome
 from loadfuzz.run.harness import Limits
 from loadfuzz.run.trials import Trials
 from loadfuzz.search.repro import read_message
-from support import FIXTURES, LEGACY_PLUGIN, LOADFUZZ, hostile, loadfuzz, step
+from support import FIXTURES, LEGACY_PLUGIN, LOADFUZZ, build, hostile, loadfuzz, step
 
 ET_LINE = ("E 00:00:01.634411 executorch:operator_registry.cpp:102] Re-registering "
            "quantized_decomposed::add.out, from NOT_SUPPORTED")
@@ -203,3 +203,125 @@ def test_a_stopped_repro_leaves_whole_records_and_a_summary_that_says_it_is_inco
 
 QUICK = [step(hostile(name), flags) for name in ("clean", "segv", "exit7", "exit0")
          for flags in (Flags.GLOBAL, Flags.LOCAL)]
+
+
+# --- a message is looked for in all that a trial printed ------------------------------------
+
+ABORTS_AFTER_SAYING = """#include <stdio.h>
+#include <stdlib.h>
+__attribute__((constructor)) static void fail(void) {
+    fputs(%s, stderr);
+    fflush(stderr);
+    %s;
+}
+"""
+THROWS_IN_A_STATIC_INITIALIZER = """#include <stdexcept>
+static int registered = [] {
+    throw std::runtime_error("duplicate handler registered: 'fast_path'");
+    return 0;
+}();
+"""
+LLVM = "LLVM ERROR: inconsistent widget pass registration\\nStack dump:\\n0.\\tProgram arguments: app\\n"
+PROTOBUF = ("[libprotobuf FATAL google/protobuf/descriptor.cc:1373] CHECK failed: "
+            "GeneratedDatabase()->Add(encoded_file_descriptor, size): \\n"
+            "*** Check failure stack trace: ***\\n")
+SAID = {
+    "terminate": ("terminate called after throwing an instance of 'std::runtime_error' "
+                  "what(): duplicate handler registered: 'fast_path'", None),
+    "llvm": ("LLVM ERROR: inconsistent widget pass registration", (LLVM, "abort()")),
+    "protobuf": ("[libprotobuf FATAL google/protobuf/descriptor.cc:1373] CHECK failed: "
+                 "GeneratedDatabase()->Add(encoded_file_descriptor, size):", (PROTOBUF, "abort()")),
+    "exit": ("fatal: widget table corrupt, giving up",
+             ("fatal: widget table corrupt, giving up\\nbye\\n", "exit(3)")),
+}
+
+
+def library_saying(folder, name):
+    """A target folder with one library that prints and then aborts (or exits)."""
+    folder.mkdir()
+    said = SAID[name][1]
+    if said is None:
+        return build(folder, name, THROWS_IN_A_STATIC_INITIALIZER, cxx=True)
+    return build(folder, name, ABORTS_AFTER_SAYING % (f'"{said[0]}"', said[1]))
+
+
+@pytest.mark.parametrize("name", sorted(SAID))
+def test_a_message_line_the_trial_printed_before_its_last_line_is_reproduced(name, tmp_path):
+    """The trial's one-line detail holds only its last line (or, for an exit, none): the
+    message is looked for in all it printed. gcc's two lines, pasted as one, are found too."""
+    library_saying(tmp_path / "libs", name)
+    message = SAID[name][0]
+    done = loadfuzz("repro", message, tmp_path / "libs", "--out", tmp_path / "out", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout)
+    assert result["reproduced"] and result["signature"] is None
+    assert [s["lib"] for s in result["record"]["sequence"]] == [f"lib{name}.so"]
+    assert result["record"]["outcome"] == ("exit" if name == "exit" else "abort")
+    assert message not in result["record"]["detail"]  # found where the detail does not say it
+
+
+def test_a_line_the_trial_did_not_print_is_not_reproduced(tmp_path):
+    library_saying(tmp_path / "libs", "terminate")
+    done = loadfuzz("repro", "terminate called after throwing an instance of 'std::runtime_error' "
+                    "what(): duplicate handler registered: 'slow_path'", tmp_path / "libs",
+                    "--out", tmp_path / "out", "--json")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert json.loads(done.stdout)["tried"] == 3  # the one library, under each flags mode
+
+
+def aborting_after(folder, said):
+    folder.mkdir()
+    return build(folder, "says", ABORTS_AFTER_SAYING % (f'"{said}"', "abort()"))
+
+
+def repro_with_stdin(text, *args):
+    return subprocess.run([str(LOADFUZZ), "repro", *map(str, args)], input=text,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("dash", [["-"], ["--log", "-"]])
+def test_a_dash_reads_the_message_from_stdin_and_is_never_a_message_itself(dash, tmp_path):
+    """`-` once reproduced any trial whose detail held a dash, exit 0."""
+    aborting_after(tmp_path / "libs", "fatal: widget table corrupt\\n-- giving up --\\n")
+    done = repro_with_stdin("I 00:00:00.1 loading\nfatal: widget table corrupt\n", *dash,
+                            tmp_path / "libs", "--out", tmp_path / "found", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["message"] == "fatal: widget table corrupt"
+    done = repro_with_stdin("fatal: gadget table corrupt\n", *dash, tmp_path / "libs",
+                            "--out", tmp_path / "not-found", "--json")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert json.loads(done.stdout)["reproduced"] is False
+
+
+@pytest.mark.parametrize("message", ["..", "a-b", "[ ] ::", "2026-12-05T04:12:00Z ->", "'-'"])
+def test_a_message_with_no_word_of_three_letters_or_digits_is_bad_input(message, tmp_path):
+    aborting_after(tmp_path / "libs", "fatal: widget table corrupt\\n-- a-b .. :: -> --\\n")
+    done = loadfuzz("repro", message, tmp_path / "libs", "--out", tmp_path / "out")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stdout == "" and len(done.stderr.splitlines()) == 1
+    assert "no word to look for" in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+WHAT = "what(): duplicate handler registered: 'fast_path'"
+
+
+@pytest.mark.parametrize("prefix", ["2026-12-05 04:12:02,124 - app - ERROR - ",
+                                    "Dec  5 04:12:02 host app[4242]: ",
+                                    "2026-12-05T04:12:02.123456+00:00 host app[4242]: ",
+                                    "2026-12-05T04:12:00.1234567Z 2026-12-05 04:12:02,124 - app - "
+                                    "CRITICAL - "])
+def test_a_line_from_python_logging_or_syslog_is_read_without_the_logger_prefix(prefix, tmp_path):
+    assert read_message(f"{prefix}{WHAT}").text == WHAT
+    library_saying(tmp_path / "libs", "terminate")
+    done = loadfuzz("repro", f"{prefix}{WHAT}", tmp_path / "libs", "--out", tmp_path / "out",
+                    "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["reproduced"] is True
+
+
+def test_in_a_python_log_the_line_logged_as_an_error_is_the_message():
+    log = ("2026-12-05 04:12:01,000 - app - INFO - loading the handlers\n"
+           f"2026-12-05 04:12:02,124 - app - ERROR - {WHAT}\n"
+           "2026-12-05 04:12:02,200 - app - INFO - shutting down\n")
+    assert read_message(log).text == WHAT

@@ -37,8 +37,10 @@ from support import (
     QUANTIZED,
     Lib,
     alive_children,
+    build,
     children_now,
     hostile,
+    loadfuzz,
     processes_holding,
     step,
     trials_on,
@@ -452,3 +454,13 @@ def test_json_output_is_utf8_whatever_bytes_a_path_holds(tmp_path):
     assert done.returncode == 0, done.stderr
     record = json.loads(done.stdout.decode("utf-8"))  # strict: every byte is UTF-8
     assert record["sequence"][0]["lib"] == str(library)  # the same path, as \udcXX escapes
+
+
+def test_an_exit_says_the_last_line_the_trial_printed_as_an_abort_does(tmp_path):
+    build(tmp_path, "quits", '#include <stdio.h>\n#include <stdlib.h>\n'
+          '__attribute__((constructor)) static void quit(void) {\n'
+          '    fputs("fatal: widget table corrupt\\n  giving up  \\n", stderr);\n    exit(3);\n}\n')
+    done = loadfuzz("run", tmp_path / "libquits.so")
+    assert done.returncode == 1, done.stderr
+    assert ("detail: the process exited with status 3 during step 0: giving up"
+            in done.stdout.splitlines()), done.stdout

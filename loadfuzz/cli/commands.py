@@ -224,11 +224,14 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
 
 
 def message_of(args: argparse.Namespace) -> tuple[str, list[str]]:
-    """repro's input: the message (its first word, or --log's text) and the targets."""
+    """repro's input: the message (its first word, or --log's text; `-` for either: stdin)
+    and the targets."""
     if args.log is None:
         if not args.words:
             raise UsageError("give either a MESSAGE or --log FILE")
-        return args.words[0], args.words[1:]
+        if args.words[0] != "-":
+            return args.words[0], args.words[1:]
+        args.log, args.words = Path("-"), args.words[1:]  # `-` as MESSAGE: as `--log -`
     if len(args.words) > 1:  # a message beside --log reads as a first target that is none
         from loadfuzz import targets
 
@@ -236,6 +239,8 @@ def message_of(args: argparse.Namespace) -> tuple[str, list[str]]:
             targets.locate(args.words[0])
         except UsageError:
             raise UsageError("give either a MESSAGE or --log FILE (not both)") from None
+    if str(args.log) == "-":
+        return sys.stdin.buffer.read().decode("utf-8", "replace"), args.words
     try:
         return args.log.read_text(encoding="utf-8", errors="replace"), args.words
     except OSError as exc:

@@ -218,10 +218,10 @@ def build_parser() -> Parser:
 
     sub = command("repro", "Reproduce a reported abort from its message or a log.")
     sub.add_argument("words", nargs="*", metavar="[MESSAGE] TARGET",
-                     help="the abort line (unless --log), then the target(s)")
+                     help="the abort line (unless --log; `-`: as --log -), then the target(s)")
     sub.add_argument("--log", type=Path, metavar="FILE",
                      help="a crash log holding the message (the catalogue's signatures are "
-                          "tried against its whole text)")
+                          "tried against its whole text); `-`: read it from stdin")
     target(sub, campaign=False, positional=False)
     sub.add_argument("--jobs", type=jobs, default=os.cpu_count() or 1, metavar="N",
                      help="orders tried at once (default: the cores); the first that "

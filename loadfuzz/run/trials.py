@@ -89,12 +89,13 @@ def harness_steps(seq: Sequence, tiers: Tiers, python: bool = False,
 
 
 def make_record(seq: Sequence, verdict: Verdict, duration_s: float, peak_rss_mb: float,
-                limits: Limits, via: str, loadfuzz: Sequence[str] = ()) -> TrialRecord:
+                limits: Limits, via: str, loadfuzz: Sequence[str] = (),
+                printed: str = "") -> TrialRecord:
     return TrialRecord(
         sequence=seq, outcome=verdict.outcome, step=verdict.step, signature=verdict.signature,
         op=verdict.op, signal=verdict.signal, exit_code=verdict.exit_code, detail=verdict.detail,
         duration_s=duration_s, peak_rss_mb=peak_rss_mb, repro=repro_command(seq, limits, loadfuzz),
-        via=via)
+        via=via, printed=printed)
 
 
 def same_verdict(a: TrialRecord, b: TrialRecord) -> bool:
@@ -118,17 +119,19 @@ class Trials:
 
     def __init__(self, limits: Limits = DEFAULT_LIMITS, tiers: Tiers = NO_TIERS, cold: bool = False,
                  confirm: bool = True, explainer: Explainer | None = None,
-                 pool: ServerPool | None = None):
+                 pool: ServerPool | None = None, keep_printed: bool = False):
         """`tiers`: what each sequence needs (libpython first?) and which server it forks from.
         `confirm` False: a finding of a fork server is returned as it is (via "fork-server"),
         for a search that confirms only the findings it reports (`confirm`).
         `explainer`: gives each finding its cause, from a cold run the loader reports on.
-        `pool`: the fork servers (default: a new pool), closed with this runner."""
+        `pool`: the fork servers (default: a new pool), closed with this runner.
+        `keep_printed`: each record keeps what its trial printed (`printed`), for `repro`."""
         self.limits = limits
         self.explainer = explainer
         self.tiers = tiers
         self.cold = cold
         self.confirm_each = confirm
+        self.keep_printed = keep_printed
         self.catalogue: tuple[Signature, ...] = load_catalogue()
         self.loadfuzz = loadfuzz_command()  # for every record's repro command (a stat: once)
         self.disagreements: list[Disagreement] = []
@@ -195,8 +198,10 @@ class Trials:
     def _as_record(self, seq: Sequence, evidence: Evidence, via: str) -> TrialRecord:
         """The record of a trial that left this evidence: classified, with its repro command."""
         verdict = classify(evidence, self.catalogue)
+        printed = (f"{evidence.error}\n{evidence.output.decode('utf-8', 'replace')}"
+                   if self.keep_printed else "")
         return make_record(seq, verdict, evidence.duration_s, evidence.peak_rss_mb, self.limits,
-                           via, self.loadfuzz)
+                           via, self.loadfuzz, printed)
 
     def run_cold(self, seq: Sequence) -> TrialRecord:
         """One trial in a fresh process; a finding is explained by a second run that the loader

@@ -43,8 +43,15 @@ ABORT_WORDS = ("abort", "terminate", "fatal", "error", "re-registering", "regist
 # What a CI log adds to the lines a process printed: colour codes, and a time stamp in front
 # of each line (GitHub Actions: `2026-12-05T04:12:00.1234567Z `).
 COLOUR = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-TIME_STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?\s+",
-                        re.MULTILINE)
+ISO_TIME = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?"
+TIME_STAMP = re.compile(rf"^{ISO_TIME}\s+", re.MULTILINE)
+# What a logger puts in front of a message: Python's logging in its usual format
+# (`2026-12-05 04:12:02,124 - app - ERROR - `), syslog (`Dec  5 04:12:02 host app[4242]: `,
+# or with an ISO time stamp, then with the process id: `... host app[4242]: `).
+LOGGER = re.compile(r"^(?:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[,.]\d+)? - \S+ - (?P<level>[A-Z]+) - "
+                    r"|(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ [^\s:\[]+(?:\[\d+\])?"
+                    rf"|{ISO_TIME} \S+ [^\s:\[]+\[\d+\]): )")
+SERIOUS = ("ERROR", "CRITICAL", "FATAL")  # a logger's levels that make a line telling
 # A line quoted whole, as copied into an issue or a chat: 'undefined symbol: x'.
 QUOTED = re.compile(r"""^\s*(['"`])(.*)\1\s*$""", re.MULTILINE)
 # What a shell or CPython's faulthandler prints for a process a signal killed, which names no
@@ -55,6 +62,14 @@ CRASHES = ((re.compile(r"Segmentation fault"), signal.SIGSEGV),
            (re.compile(r"Illegal instruction"), signal.SIGILL),
            (re.compile(r"Floating point exception"), signal.SIGFPE))
 ABORTED = re.compile(r"\bAborted\b")
+SPACE = re.compile(r"\s+")
+WORD = re.compile(r"[^\W_]{3}")  # what a message must hold to be looked for: 3 letters or digits
+
+
+def plain(text: str) -> str:
+    """Text as it is compared: without colour codes, any run of white space (line breaks
+    too) one space."""
+    return SPACE.sub(" ", COLOUR.sub("", text)).strip()
 
 
 @dataclass(frozen=True)
@@ -73,19 +88,40 @@ class Message:
             return (record.signature, record.op) == (self.signature, self.op)
         if self.signal is not None:
             return record.signal == self.signal
-        return self.needle in record.detail
+        # Anywhere in what the trial printed, not only its one-line detail: an abort's own line
+        # is seldom the last (gcc's `terminate called ...` comes before its `what(): ...`), and
+        # an `exit` detail quotes none. Lines run together: two lines pasted as one are found.
+        needle = plain(self.needle)
+        return needle in plain(record.detail) or needle in plain(record.printed)
 
     @property
     def needle(self) -> str:
         """For an unknown line: its text without the log prefix (time stamps differ)."""
-        words = self.text.split("] ", 1)
-        return words[-1].strip()[:120]
+        return needle_of(self.text)
+
+
+def needle_of(line: str) -> str:
+    return line.split("] ", 1)[-1].strip()[:120]
+
+
+def unprefixed(line: str) -> tuple[str, bool]:
+    """A line without the time stamp a CI log, or the prefix a logger, put in front of it (or
+    both), and whether that logger called it an error."""
+    serious, line = False, QUOTED.sub(r"\2", line)
+    while True:
+        if logged := LOGGER.match(line):
+            serious = serious or logged["level"] in SERIOUS
+        elif not (logged := TIME_STAMP.match(line)):
+            return QUOTED.sub(r"\2", line), serious
+        line = line[logged.end():]
 
 
 def read_message(text: str) -> Message:
     """The signature and operator of the first line the catalogue knows, else the abort line
-    (either without the colour codes and time stamps a CI log adds)."""
-    text = QUOTED.sub(r"\2", TIME_STAMP.sub("", COLOUR.sub("", text)))
+    (either without the colour codes and time stamps a CI log adds, nor a logger's prefix)."""
+    read = [unprefixed(line) for line in COLOUR.sub("", text).splitlines()]
+    text = "\n".join(line for line, _ in read)
+    serious = {line.strip() for line, error in read if error}
     for sig in load_catalogue():
         found = sig.search(text)
         if found:
@@ -94,11 +130,17 @@ def read_message(text: str) -> Message:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if not lines:
         raise UsageError("the message is empty: give the abort line, or --log FILE")
+    # A line with no word (`-`, `...`) is found in almost any output: never a message.
+    lines = [line for line in lines if WORD.search(needle_of(line))]
+    if not lines:
+        raise UsageError("the message has no word to look for (3 letters or digits in a row): "
+                         "give the abort line, or --log FILE (--log - reads it from stdin)")
     for pattern, signum in CRASHES:
         crashed = next((line for line in lines if pattern.search(line)), None)
         if crashed is not None:
             return Message(crashed, None, None, int(signum))
-    telling = [line for line in lines if any(w in line.lower() for w in ABORT_WORDS)]
+    telling = [line for line in lines
+               if line in serious or any(w in line.lower() for w in ABORT_WORDS)]
     aborted = [line for line in telling if ABORTED.search(line)]
     if aborted and len(aborted) == len(telling):  # nothing but "Aborted (core dumped)"
         return Message(aborted[0], None, None, int(signal.SIGABRT))
@@ -167,7 +209,7 @@ def reproduce(campaign: Prepared, message: Message, watcher: Watcher) -> dict[st
 
     campaign.folder.open()
     try:
-        with campaign.trials(candidates or inv.libraries) as trials:
+        with campaign.trials(candidates or inv.libraries, keep_printed=True) as trials:
             run = RunOnce(trials, campaign.folder, watcher)
             work = itertools.islice(orders(inv, candidates), MOST_TRIALS) if candidates else ()
             first = None
