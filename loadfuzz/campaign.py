@@ -27,7 +27,7 @@ from loadfuzz.baseline import Baseline, new_and_unexpected
 from loadfuzz.classify import environment_signatures
 from loadfuzz.expect import Expectation, classify_findings
 from loadfuzz.inventory import Inventory, Library
-from loadfuzz.model import Key, TrialRecord, sequence_key
+from loadfuzz.model import Key, TrialRecord, UsageError, sequence_key
 from loadfuzz.model import Sequence as Steps
 from loadfuzz.results import ResultsFolder, default_out, utc_now
 from loadfuzz.run.pool import ServerPool
@@ -105,6 +105,10 @@ def prepare(settings: CampaignSettings, command: str, suffix: str = "",
     checked = checked or check_input(settings, command, baseline)
     expectations, earlier = checked.expectations, checked.baseline
     inv, libs = settings.target.load()
+    if command == "matrix" and len(libs) < 2:  # no pair: a green run that tested nothing
+        chosen = " selected" if settings.target.select or settings.target.exclude else ""
+        raise UsageError(f"a matrix pairs libraries, and {inv.target} has {len(libs)}{chosen}: "
+                         f"give it two or more (`loadfuzz run` loads one)")
     out = settings.out or default_out(inv.folder_name, suffix)
     folder = ResultsFolder(out, settings.resume, inv.locate, resumable)
     return Prepared(settings, command, inv, libs, expectations, folder, earlier)

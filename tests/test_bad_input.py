@@ -56,6 +56,8 @@ CASES = {
     "unknown key": (lambda f: ["matrix", "executorch", "--expect", unknown_key(f)], "colour"),
     "select nothing": (lambda f: ["matrix", "executorch", "--select", "nothing/*"],
                        "matches no library"),
+    "a matrix of one library": (lambda f: ["matrix", "executorch", "--select", "lib/libexecutorch.so"],
+                                "a matrix pairs libraries, and executorch has 1 selected"),
     "run missing library": (lambda f: ["run", f / "libnope.so"], "no such library"),
     "run a folder": (lambda f: ["run", f], "not a library file"),
     "timeout not a number": (lambda f: ["run", "--timeout", "nan", QUANTIZED], "--timeout"),
