@@ -54,6 +54,13 @@ CASES = {
     "shard text": (lambda f: ["fuzz", "executorch", "--shard", "half"], "bad --shard"),
     "toml error": (lambda f: ["matrix", "executorch", "--expect", bad_toml(f)], "bad.toml"),
     "unknown key": (lambda f: ["matrix", "executorch", "--expect", unknown_key(f)], "colour"),
+    # argparse would keep the last: one team's accepted collisions lost without a word
+    "two expectations files": (lambda f: ["matrix", "executorch", "--expect", bad_toml(f),
+                                          "--expect", unknown_key(f)], "--expect given twice"),
+    "two baselines": (lambda f: ["fuzz", "executorch", "--baseline", f, "--baseline", f],
+                      "--baseline given twice"),
+    "two logs": (lambda f: ["repro", "--log", f / "a.log", "--log", f / "b.log", "executorch"],
+                 "--log given twice"),
     "select nothing": (lambda f: ["matrix", "executorch", "--select", "nothing/*"],
                        "matches no library"),
     "a matrix of one library": (lambda f: ["matrix", "executorch", "--select", "lib/libexecutorch.so"],

@@ -52,6 +52,19 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{command}: {message}" if command else message)
 
 
+class Once(argparse.Action):
+    """An option that names a file whose every entry counts (--expect, --baseline, --log,
+    --out, --db): given twice it is an error, where argparse would keep the last silently (a
+    release job that passes two expectations files would lose the first without a word)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option: str | None = None) -> None:
+        if getattr(namespace, f"_{self.dest}_given", False):
+            parser.error(f"{option} given twice: give it once")
+        setattr(namespace, f"_{self.dest}_given", True)
+        setattr(namespace, self.dest, values)
+
+
 # The largest --mem, in MiB (a PiB): far past any machine, far from a 64-bit byte count's end.
 MAX_MEM_MB = 1 << 30
 # More trials at once than any machine has cores for (each is a process and pipes of its own).
@@ -166,19 +179,19 @@ def build_parser() -> Parser:
                              help="not the libraries whose id matches; repeatable")
             sub.add_argument("--flags", type=flags_list, default=(Flags.GLOBAL, Flags.LOCAL),
                              metavar="MODES", help="flags modes, e.g. global,local (default)")
-            sub.add_argument("--expect", type=Path, metavar="FILE",
+            sub.add_argument("--expect", type=Path, action=Once, metavar="FILE",
                              help="expectations file (TOML) of accepted findings")
             sub.add_argument("--shard", type=Shard.parse, default=WHOLE,
                              metavar="K/N", help="run only the K-th of N slices of the work")
             sub.add_argument("--jobs", type=jobs, default=os.cpu_count() or 1, metavar="N",
                              help=jobs_help)
-            sub.add_argument("--baseline", type=folder, metavar="RESULTS_FOLDER",
+            sub.add_argument("--baseline", type=folder, action=Once, metavar="RESULTS_FOLDER",
                              help="an earlier campaign's results folder: report the findings "
                                   "new, gone and still there since")
             sub.add_argument("--fail-on", choices=FAIL_ON, default="unexpected",
                              help="exit 1 on any unexpected finding (default), or only on an "
                                   "unexpected one that is new since --baseline")
-        sub.add_argument("--out", type=folder, metavar="DIR", help="results folder")
+        sub.add_argument("--out", type=folder, action=Once, metavar="DIR", help="results folder")
         sub.add_argument("--json", action="store_true", help="print JSON")
         limits(sub)
 
@@ -212,14 +225,14 @@ def build_parser() -> Parser:
     sub.add_argument("--seed", type=int, metavar="N",
                      help="seed of the search, to repeat a campaign (default: one drawn at "
                           "random, reported in the summary)")
-    sub.add_argument("--db", type=folder, default=Path("results/.hypothesis"), metavar="DIR",
+    sub.add_argument("--db", type=folder, action=Once, default=Path("results/.hypothesis"), metavar="DIR",
                      help="example database: findings kept across campaigns and replayed "
                           "first (default results/.hypothesis)")
 
     sub = command("repro", "Reproduce a reported abort from its message or a log.")
     sub.add_argument("words", nargs="*", metavar="[MESSAGE] TARGET",
                      help="the abort line (unless --log; `-`: as --log -), then the target(s)")
-    sub.add_argument("--log", type=Path, metavar="FILE",
+    sub.add_argument("--log", type=Path, action=Once, metavar="FILE",
                      help="a crash log holding the message (the catalogue's signatures are "
                           "tried against its whole text); `-`: read it from stdin")
     target(sub, campaign=False, positional=False)
@@ -230,7 +243,7 @@ def build_parser() -> Parser:
     sub = command("merge", "Merge the results folders of the shards of one campaign into one.")
     sub.add_argument("folders", nargs="+", type=Path, metavar="DIR",
                      help="the results folder of each shard (--shard K/N) of the campaign")
-    sub.add_argument("--out", type=folder, required=True, metavar="DIR",
+    sub.add_argument("--out", type=folder, action=Once, required=True, metavar="DIR",
                      help="results folder of the whole campaign (must not hold results)")
     sub.add_argument("--json", action="store_true", help="print the merged summary as JSON")
     sub.add_argument("--fail-on", choices=FAIL_ON, default="unexpected",
