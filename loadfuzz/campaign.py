@@ -244,6 +244,7 @@ def summarize(campaign: Prepared, records: Iterable[TrialRecord], findings: Sequ
         "version": campaign.inv.version,
         "out": str(campaign.out),
         "shard": None if shard.whole else str(shard),
+        "fail_on": campaign.settings.fail_on,
         "expected": [{"record": r.to_json(), "why": e.why} for r, e in expected],
         "expectations": [e.to_json() for e in campaign.expectations],
         "preload": [str(step.path) for step in trials.preload],

@@ -372,11 +372,12 @@ def merged_summary(shards: Sequence[ShardFolder], folders: Sequence[Path], out: 
     return summary, records
 
 
-def merge(folders: Sequence[Path], out: Path, need_baseline: bool = False,
+def merge(folders: Sequence[Path], out: Path, fail_on: str = "unexpected",
           ) -> tuple[dict[str, Any], list[TrialRecord]]:
     """Read and check the shards' folders and `out`, then write the whole campaign into `out`:
-    trials.jsonl, summary.json and every report. The summary and every record.
-    `need_baseline` (--fail-on new): the shards must have been compared with a --baseline."""
+    trials.jsonl, summary.json and every report. The summary and every record. `fail_on`
+    "new" (--fail-on new): the shards must have been compared with a --baseline."""
+    need_baseline = fail_on == "new"
     shards = [read_folder(folder) for folder in folders]
     check_shards(shards)
     check_counts(shards)
@@ -386,6 +387,7 @@ def merge(folders: Sequence[Path], out: Path, need_baseline: bool = False,
     shards.sort(key=lambda shard: shard.shard.index)
     try:
         summary, trials = merged_summary(shards, folders, out)
+        summary["fail_on"] = fail_on
         records = [TrialRecord.from_json(record, nowhere) for record in trials]
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
         raise UsageError(f"cannot merge: a shard's summary.json or trials.jsonl holds what "

@@ -80,6 +80,7 @@ class CampaignSettings:
     resume: bool = False
     shard: Shard = WHOLE
     invocation: tuple[str, ...] = ()  # the command's words as typed (for the resume command)
+    fail_on: str = "unexpected"  # --fail-on: exit 1 on any unexpected finding, or a new one
 
     def expectations(self) -> tuple[Expectation, ...]:
         return load_expectations(self.expect) if self.expect else ()

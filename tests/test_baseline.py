@@ -22,6 +22,7 @@ records whose ids carry a target's version (`executorch-1.4.1/...` and
 
 import json
 import shutil
+import xml.etree.ElementTree as ET
 
 import pytest
 
@@ -105,6 +106,23 @@ def test_release_3_with_the_same_findings_has_them_still_and_passes_fail_on_new(
     assert ": 0 new, 0 gone, 2 still\n" in printed
     status, _, summary = runs["3, default --fail-on"]
     assert status == 1 and compared(summary["baseline"]) == compared(baseline)
+
+
+def test_junit_and_the_report_fail_exactly_when_the_exit_status_does(releases):
+    """A CI that gates on junit.xml or reads report.md sees what the exit status says:
+    under --fail-on new, unexpected findings already in the baseline do not fail."""
+    base, runs = releases
+    moved = "elsewhere/executorch-1.5.1-renamed"  # where the fixture moved release 2's folder
+    for run, folder, failing in (("2", moved, 2), ("3", "3", 0), ("3, default --fail-on", "3b", 2)):
+        status = runs[run][0]
+        suite = ET.parse(base / folder / "junit.xml").getroot().find("testsuite")
+        failures = [case for case in suite.iter("testcase") if case.find("failure") is not None]
+        assert (len(failures), status) == (failing, 1 if failing else 0), run
+        verdict = (base / folder / "report.md").read_text().splitlines()[2]
+        assert verdict.startswith("**2 new unexpected findings" if run == "2" else
+                                  "**Nothing new and unexpected:" if run == "3" else "**2 unexpected findings")
+    assert runs["3"][2]["fail_on"] == "new" and runs["3, default --fail-on"][2]["fail_on"] == (
+        "unexpected")
 
 
 def test_moving_and_renaming_the_baseline_folder_changes_nothing(releases):

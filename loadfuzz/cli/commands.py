@@ -55,6 +55,7 @@ def campaign_settings(args: argparse.Namespace, targets: list[str] | None = None
         resume=getattr(args, "resume", False),
         shard=getattr(args, "shard", defaults.shard),
         invocation=tuple(args.invocation),
+        fail_on=getattr(args, "fail_on", "unexpected"),
     )
 
 
@@ -269,7 +270,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     from loadfuzz import merge
     from loadfuzz.campaign import exit_status
 
-    summary, records = merge.merge(args.folders, args.out, need_baseline=args.fail_on == "new")
+    summary, records = merge.merge(args.folders, args.out, fail_on=args.fail_on)
     if args.json:
         printing.print_json(summary)
     else:

@@ -42,6 +42,7 @@ class CampaignView:
     unexpected: frozenset[Key]
     environment: frozenset[Key]  # problems of the environment (a missing Python module)
     why: dict[Key, str]
+    new: frozenset[Key] = frozenset()  # findings new since the --baseline
 
     @classmethod
     def of(cls, summary: Mapping[str, Any], trials: Iterable[Mapping[str, Any]]) -> CampaignView:
@@ -56,7 +57,19 @@ class CampaignView:
             unexpected=frozenset(json_key(r) for r in summary.get("unexpected", [])),
             environment=frozenset(json_key(r) for r in summary.get("environment", [])),
             why={json_key(e["record"]): e.get("why", "") for e in summary.get("expected", [])},
+            new=frozenset(json_key(r) for r in (summary.get("baseline") or {}).get("new", [])),
         )
+
+    @property
+    def only_new_fail(self) -> bool:
+        """Whether the campaign ran with `--fail-on new`: only unexpected findings new since
+        the baseline fail it (the exit status, junit.xml and the verdict agree on that)."""
+        return self.summary.get("fail_on") == "new"
+
+    def fails(self, record: Mapping[str, Any]) -> bool:
+        """Whether this finding fails the campaign (makes its exit status 1)."""
+        return self.status(record) == "unexpected" and (
+            not self.only_new_fail or json_key(record) in self.new)
 
     def status(self, record: Mapping[str, Any]) -> str:
         """One of clean, expected, unexpected, environment. A finding the summary lists nowhere
@@ -83,6 +96,12 @@ class CampaignView:
         if stale:
             parts.append(count(stale, "stale expectation"))
         head = count(unexpected, "unexpected finding") if unexpected else "Nothing unexpected"
+        if self.only_new_fail:
+            failing = sum(map(self.fails, self.findings))
+            parts.append(f"{unexpected} unexpected, {failing or 'none'} of them new since the "
+                         f"baseline (--fail-on new)")
+            head = count(failing, "new unexpected finding") if failing else (
+                "Nothing new and unexpected")
         return f"{head}: " + ", ".join(parts)
 
     def no_findings(self) -> str:
