@@ -260,6 +260,41 @@ def test_a_message_line_the_trial_printed_before_its_last_line_is_reproduced(nam
     assert message not in result["record"]["detail"]  # found where the detail does not say it
 
 
+TORCH_LIBRARY_LIKE = """#include <stdio.h>
+#include <stdlib.h>
+/* as TORCH_LIBRARY(fxtorchns, m) { m.def("widen(Tensor x) -> Tensor"); } keeps them: the
+ * namespace and the schema are two strings, and no byte of the file spells fxtorchns::widen */
+static const char *volatile ns = "fxtorchns", *volatile schema = "widen(Tensor x) -> Tensor";
+__attribute__((constructor)) static void registers(void) {
+    if (getenv("FX_TORCH_OP_DEFINED")) {
+        fprintf(stderr, "terminate called after throwing an instance of 'c10::Error'\\n"
+                "  what():  Tried to register an operator (%s::%s) with the same name and "
+                "overload name multiple times.\\n", ns, schema);
+        abort();
+    }
+    setenv("FX_TORCH_OP_DEFINED", "1", 1);
+}
+"""
+
+
+def test_a_torch_operator_whose_namespace_and_schema_are_two_strings_is_looked_for(tmp_path):
+    """The usual custom operator: no library holds `ns::name` in one piece, so repro once
+    said at once that no library of the target carries it."""
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    first = build(libs, "fxop_a", TORCH_LIBRARY_LIKE)
+    assert b"fxtorchns::widen" not in first.read_bytes()
+    (libs / "libfxop_b.so").write_bytes(first.read_bytes())
+    done = loadfuzz("repro", "what():  Tried to register an operator (fxtorchns::widen(Tensor x)"
+                    " -> Tensor) with the same name and overload name multiple times.", libs,
+                    "--out", tmp_path / "out", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout)
+    assert (result["signature"], result["op"]) == ("torch-duplicate-op", "fxtorchns::widen")
+    assert [s["lib"] for s in result["record"]["sequence"]] in (
+        ["libfxop_a.so", "libfxop_b.so"], ["libfxop_b.so", "libfxop_a.so"])
+
+
 def test_a_line_the_trial_did_not_print_is_not_reproduced(tmp_path):
     library_saying(tmp_path / "libs", "terminate")
     done = loadfuzz("repro", "terminate called after throwing an instance of 'std::runtime_error' "

@@ -151,9 +151,17 @@ def carriers(inv: Inventory, message: Message) -> list[Library]:
     """The libraries that register the operator (by their registrations or by its bytes)."""
     if message.op is None:
         return list(inv.libraries)
-    needle = message.op.encode()
     return [lib for lib in inv.libraries
-            if message.op in lib.registers or needle in lib.path.read_bytes()]
+            if message.op in lib.registers or carries_op(lib.path.read_bytes(), message.op)]
+
+
+def carries_op(data: bytes, op: str) -> bool:
+    """Whether a file's bytes hold the operator `ns::name[.overload]`: whole, or as PyTorch's
+    TORCH_LIBRARY(ns, m) { m.def("name(...) -> ...") } keeps it, the namespace and the schema
+    two strings of their own (a C string `ns`, and one that begins `name(`)."""
+    namespace, _, name = op.partition("::")
+    return op.encode() in data or (bool(name) and (
+        b"\0" + namespace.encode() + b"\0" in data and b"\0" + name.encode() + b"(" in data))
 
 
 def candidates_of(inv: Inventory, message: Message) -> list[Library]:
