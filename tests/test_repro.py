@@ -295,6 +295,31 @@ def test_a_torch_operator_whose_namespace_and_schema_are_two_strings_is_looked_f
         ["libfxop_a.so", "libfxop_b.so"], ["libfxop_b.so", "libfxop_a.so"])
 
 
+SAYS_ONE_THING_OR_ANOTHER = """#include <stdio.h>
+#include <stdlib.h>
+__attribute__((constructor)) static void fail(void) {
+    fputs(getenv("FX_FIRST_LOADED") ? "fatal: widget clash\\n" : "fatal: no widget\\n", stderr);
+    abort();
+}
+"""
+
+
+def test_the_order_repro_prints_still_says_the_message_once_shrunk(tmp_path):
+    """`first -> second` says the message; `second` alone aborts too, but saying another
+    line: the shrunk order keeps what was asked for, not only the outcome."""
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    build(libs, "a_first", '#include <stdlib.h>\n__attribute__((constructor)) static void f(void)'
+                           ' { setenv("FX_FIRST_LOADED", "1", 1); }\n')
+    build(libs, "b_second", SAYS_ONE_THING_OR_ANOTHER)
+    done = loadfuzz("repro", "fatal: widget clash", libs, "--out", tmp_path / "out", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    record = json.loads(done.stdout)["record"]
+    assert [s["lib"] for s in record["sequence"]] == ["liba_first.so", "libb_second.so"]
+    again = subprocess.run(record["repro"], shell=True, capture_output=True, text=True)
+    assert "fatal: widget clash" in again.stdout + again.stderr
+
+
 def test_a_line_the_trial_did_not_print_is_not_reproduced(tmp_path):
     library_saying(tmp_path / "libs", "terminate")
     done = loadfuzz("repro", "terminate called after throwing an instance of 'std::runtime_error' "

@@ -215,6 +215,9 @@ def reproduce(campaign: Prepared, message: Message, watcher: Watcher) -> dict[st
                 "record": found.to_json() if found else None, "tried": tried,
                 "out": str(campaign.out)}
 
+    def says(record: TrialRecord) -> bool:
+        return message.matches(record) or same_collision(message, record, candidates)
+
     campaign.folder.open()
     try:
         with campaign.trials(candidates or inv.libraries, keep_printed=True) as trials:
@@ -224,11 +227,11 @@ def reproduce(campaign: Prepared, message: Message, watcher: Watcher) -> dict[st
             with contextlib.closing(run.in_order(work, campaign.settings.run.jobs)) as records:
                 for record in records:
                     tried += 1
-                    if message.matches(record) or same_collision(message, record, candidates):
+                    if says(record):
                         first = record  # the first that reproduces in this order, as if one by one
                         break
-            if first is not None:
-                found = simplify(first, run, step_options(inv.libraries, MODES))
+            if first is not None:  # shrunk to an order that still says the message
+                found = simplify(first, run, step_options(inv.libraries, MODES), says)
     except KeyboardInterrupt:  # stopped: what was tried so far, marked incomplete
         with contextlib.suppress(OSError):
             report.write_summary_json(campaign.out, {**result(), "incomplete": True})

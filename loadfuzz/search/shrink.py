@@ -44,15 +44,17 @@ class Identity:
 
 
 def simplify(record: TrialRecord, run: Callable[[Steps], TrialRecord | None],
-             options: Sequence[Step]) -> TrialRecord:
-    """Greedy shrink to a fixpoint, keeping (outcome, signature, op): cut the steps after the
-    failing one, drop steps, load a library an earlier way (`local` before `global`). A
-    candidate `run` does not try (None: no time left) is passed over."""
+             options: Sequence[Step],
+             keeps: Callable[[TrialRecord], bool] = lambda _: True) -> TrialRecord:
+    """Greedy shrink to a fixpoint, keeping (outcome, signature, op), and what `keeps` asks
+    (repro: the message): cut the steps after the failing one, drop steps, load a library an
+    earlier way (`local` before `global`). A candidate `run` does not try (None: no time
+    left) is passed over."""
 
     def same(candidate: TrialRecord | None) -> bool:
         return candidate is not None and (candidate.outcome, candidate.signature,
                                           candidate.op) == (record.outcome, record.signature,
-                                                            record.op)
+                                                            record.op) and keeps(candidate)
 
     best = record
     if best.step is not None and best.step + 1 < len(best.sequence):
