@@ -87,6 +87,10 @@ def test_a_stopped_campaign_is_an_error_in_junit_and_says_so_in_every_report(
     assert suite.get("errors") == "1" and "--resume --out x" in (error.text or "")
     assert "<strong>Incomplete</strong>" in (tmp_path / "matrix.html").read_text()
     assert "**Incomplete**" in (tmp_path / "report.md").read_text()
+    clean = dict(summary, findings=[], unexpected=[], expected=[], stale=[])
+    report.write_all(tmp_path, clean, [t for t in trials if t["outcome"] == "clean"], per="pair")
+    assert (tmp_path / "report.md").read_text().splitlines()[2] == (
+        "**Incomplete, nothing unexpected so far: every trial that ran was clean.**")
 
 
 def test_junit_skips_pairs_that_did_not_run_unless_a_shard_ran_them(tmp_path: Path) -> None:

@@ -102,6 +102,8 @@ class CampaignView:
                          f"baseline (--fail-on new)")
             head = count(failing, "new unexpected finding") if failing else (
                 "Nothing new and unexpected")
+        if self.summary.get("incomplete"):  # read first: "Nothing unexpected" is not a pass
+            head = f"Incomplete, {head[0].lower()}{head[1:]} so far"
         return f"{head}: " + ", ".join(parts)
 
     def no_findings(self) -> str:
