@@ -186,9 +186,11 @@ def shown(value: Any) -> str:
 
 
 def check_out(out: Path) -> None:
-    """The merged folder: none, or empty; UsageError if it holds results."""
+    """The merged folder: none, or empty; UsageError if it holds anything (saying what)."""
     if holds_results(out):
-        raise UsageError(f"--out {out} already holds results: give another --out")
+        what = "results" if any((out / name).exists() for name in ("summary.json", "trials.jsonl")) \
+            else "other files"
+        raise UsageError(f"--out {out} already holds {what}: give another --out")
     usable(out, "--out")
 
 

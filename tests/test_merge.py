@@ -243,6 +243,9 @@ def test_an_out_folder_that_holds_results_is_refused(runs, tmp_path):
     assert f"--out {out} already holds results" in done.stderr
     assert [p.name for p in out.iterdir()] == ["summary.json"]
     assert (out / "summary.json").read_text() == "{}\n"
+    (out / "summary.json").rename(out / "notes.txt")  # not results: not said to be
+    done = loadfuzz("merge", *shards, "--out", out)
+    assert done.returncode == 2 and f"--out {out} already holds other files" in done.stderr
 
 
 def test_a_stopped_merge_leaves_nothing_and_the_next_one_finishes(runs, tmp_path, monkeypatch):
