@@ -32,7 +32,7 @@ from loadfuzz.model import Sequence as Steps
 from loadfuzz.results import ResultsFolder, default_out, utc_now
 from loadfuzz.run.pool import ServerPool
 from loadfuzz.run.schedule import run_all
-from loadfuzz.run.trials import Trials
+from loadfuzz.run.trials import Trials, loadfuzz_command
 from loadfuzz.settings import CampaignSettings, Checked, check_input
 
 
@@ -94,7 +94,8 @@ class Prepared:
                 typed.pop(0)
             elif word != "--resume" and not word.startswith("--out="):
                 words.append(word)
-        return shlex.join(["loadfuzz", *words, "--resume", "--out", str(self.out)])
+        # loadfuzz as its repro commands call it: a CI job may not have it on PATH
+        return shlex.join([*loadfuzz_command(), *words, "--resume", "--out", str(self.out)])
 
 
 def prepare(settings: CampaignSettings, command: str, suffix: str = "",

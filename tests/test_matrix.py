@@ -143,6 +143,7 @@ def test_an_interrupted_campaign_keeps_whole_lines_and_resume_runs_each_trial_on
         assert f"--resume --out {out}" in stderr
         summary = json.loads((out / "summary.json").read_text())
         assert summary["incomplete"] is True and summary["resume"].endswith(f"--resume --out {out}")
+        assert summary["resume"].split()[0].startswith("/")  # runnable off PATH too
         assert summary["trials"] < PAIRS_WITH_PLUGIN
         assert "**Incomplete**" in (out / "report.md").read_text()
     data = (out / "trials.jsonl").read_bytes()
