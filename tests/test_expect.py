@@ -175,3 +175,15 @@ def test_the_shipped_expectations_cover_the_seed_collision_and_nothing_else() ->
     assert {e.source for _, e in expected} == {"executorch.toml:entry 1",
                                               "executorch.toml:entry 2"}
     assert unexpected == others and stale == []
+
+
+def test_the_text_output_shows_a_stale_entry_of_one_order_as_an_arrow(capsys) -> None:
+    from loadfuzz.cli.printing import print_summary
+
+    stale = [{"first": "lib/a.so", "second": "lib/b.so", "orders": "as-written", "source": "e:3"},
+             {"first": "lib/c.so", "second": "lib/d.so", "orders": "both", "source": "e:9"}]
+    print_summary({"command": "matrix", "target": "t", "trials": 4, "findings": [],
+                   "unexpected": [], "stale": stale, "out": "/r"})
+    lines = capsys.readouterr().out.splitlines()
+    assert "  stale expectation: lib/a.so -> lib/b.so (e:3)" in lines
+    assert "  stale expectation: lib/c.so x lib/d.so (e:9)" in lines

@@ -152,8 +152,10 @@ def print_summary(summary: dict) -> None:
     for entry in summary.get("interposition", []):
         print(f"  flags matter: {entry['first']} -> {entry['second']}: global {entry['global']}, "
               f"local {entry['local']}; both define {', '.join(entry['shared_symbols']) or '-'}")
-    for entry in summary["stale"]:
-        print(f"  stale expectation: {entry['first']} x {entry['second']} ({entry['source']})")
+    for entry in summary["stale"]:  # `->`: an entry for that order only (orders = as-written)
+        between = "->" if entry.get("orders") == "as-written" else "x"
+        print(f"  stale expectation: {entry['first']} {between} {entry['second']} "
+              f"({entry['source']})")
     print(f"report: {Path(summary['out']) / 'report.md'}  (matrix.html, junit.xml, repro/)")
 
 
