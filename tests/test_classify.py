@@ -2,7 +2,6 @@
 
 import json
 import signal
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -190,9 +189,16 @@ def test_a_step_trace_with_more_steps_ended_than_begun_is_never_clean():
     assert verdict.detail.endswith("its step trace does not add up: 1 ended, 0 began")
 
 
-def test_classification_is_a_function_of_the_evidence_alone():
-    one = recorded("executorch_reregister")
-    assert classify(one, CATALOGUE) == classify(replace(one), CATALOGUE)
+def test_classification_is_a_function_of_the_evidence_alone(tmp_path, monkeypatch):
+    """Nothing but the evidence decides: not the order evidence comes in, nor the working
+    folder, the environment or the clock of the process that classifies it."""
+    names = sorted(path.stem for path in RECORDED.glob("*.json"))
+    first = [classify(recorded(name), CATALOGUE) for name in names]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LANG", "C")
+    monkeypatch.setenv("TZ", "Pacific/Kiritimati")
+    again = [classify(recorded(name), CATALOGUE) for name in reversed(names)][::-1]
+    assert again == first and len({v.outcome for v in first}) == 3  # clean, reregister, load-error
 
 
 @given(
