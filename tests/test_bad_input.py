@@ -86,7 +86,7 @@ CASES = {
                     "cannot make a folder in /proc"),
     "jobs past any machine": (lambda f: ["repro", "Segmentation fault", "executorch", "--jobs",
                                          "99999999999999999999"], "at most 4096"),
-    "resume of a garbled campaign": (lambda f: ["matrix", QUANTIZED, "--resume", "--out",
+    "resume of a garbled campaign": (lambda f: ["matrix", "executorch", "--resume", "--out",
                                                 garbled_campaign(f)], "line 1 is not a trial"),
 }
 
