@@ -11,13 +11,14 @@ No test asserts a duration.
 """
 
 import signal
+import subprocess
 
 import psutil
 import pytest
 
 from loadfuzz.model import Flags, Outcome
 from loadfuzz.run.harness import Harness, HarnessDied, HarnessStep, Limits, run_cold
-from support import PATHS, hostile, processes_holding, step, trials_on
+from support import PATHS, build_loader, hostile, processes_holding, step, trials_on
 
 LIMITS = Limits(timeout_s=2, mem_mb=4096)
 # mmap_ceiling maps and touches memory up to RLIMIT_AS. A small ceiling keeps it
@@ -186,7 +187,7 @@ def test_a_hostile_first_step_is_shared_only_when_a_fork_copies_it_whole(name):
     assert psutil.Process().children(recursive=True) == []
 
 
-def test_a_first_step_that_registers_a_fork_handler_is_never_shared():
+def test_a_first_step_that_registers_a_fork_handler_is_never_shared(tmp_path):
     """A handler a library registers with pthread_atfork runs in every process forked after
     it loads, and a cold run never forks: were the row shared, each trial would run it (here
     it hides what makes the next library abort, and a clean trial is not run again cold).
@@ -200,6 +201,9 @@ def test_a_first_step_that_registers_a_fork_handler_is_never_shared():
             "the prefix registered a fork handler (pthread_atfork), which every trial would run": 1})
         assert [verdict(r) for r in records] == [verdict(r) for r in cold]
     assert cold[1].outcome is Outcome.ABORT and cold[1].step == 1  # what the cold run does
+    plain = subprocess.run([build_loader(tmp_path), f"g:{atfork}", f"g:{victim}"],
+                           capture_output=True, text=True)  # and a plain process of its own
+    assert plain.returncode == -signal.SIGABRT and "libfx_atfork.so is loaded" in plain.stderr
 
 
 def test_a_server_whose_preload_registers_a_fork_handler_does_not_start():
