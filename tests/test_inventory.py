@@ -9,7 +9,7 @@ import pytest
 
 from loadfuzz import inventory
 from loadfuzz.model import Role, UsageError
-from support import ET, LEGACY_PLUGIN, QUANTIZED, executorch_ids, loadfuzz
+from support import ET, FIXTURES, LEGACY_PLUGIN, QUANTIZED, executorch_ids, loadfuzz
 
 EXPECTED_ROLES = {
     "lib/": Role.RUNTIME,
@@ -156,8 +156,12 @@ def test_a_broken_file_inside_a_folder_is_a_warning_that_names_it(tmp_path):
     done = loadfuzz("scan", tmp_path)
     assert done.returncode == 0 and "warning: skipped libbroken.so" in done.stdout
     # a campaign says it too, on stderr: a library left out of a release check is news
-    (tmp_path / "out").mkdir()
-    done = loadfuzz("matrix", tmp_path, "--out", tmp_path / "out" / "matrix")
+    campaign = tmp_path / "campaign"  # two libraries that load anywhere (a pair to run)
+    campaign.mkdir()
+    for name in ("libcz_solo.so", "libcz_quiet_1.so"):
+        shutil.copy(FIXTURES / "corpus" / name, campaign)
+    shutil.copy(tmp_path / "libbroken.so", campaign)
+    done = loadfuzz("matrix", campaign, "--out", tmp_path / "out")
     assert done.returncode == 0, done.stderr
     assert done.stderr.startswith("loadfuzz: warning: skipped libbroken.so"), done.stderr
 
