@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadfuzz.model import UsageError, json_key, normal_id
+from loadfuzz.model import UsageError, normal_id
 
 # --fail-on: what makes the exit status 1.
 FAIL_ON = ("unexpected", "new")
@@ -111,9 +111,3 @@ def check_fail_on(fail_on: str, baseline: Path | None) -> None:
     if fail_on == "new" and baseline is None:
         raise UsageError("--fail-on new needs --baseline RESULTS_FOLDER (the earlier campaign "
                          "that tells what is new)")
-
-
-def new_and_unexpected(summary: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """The findings that are both new since the baseline and covered by no expectation."""
-    new = {json_key(r) for r in summary.get("baseline", {}).get("new", [])}
-    return [r for r in summary["unexpected"] if json_key(r) in new]

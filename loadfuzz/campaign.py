@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from loadfuzz import plan, predict
-from loadfuzz.baseline import Baseline, new_and_unexpected
+from loadfuzz.baseline import Baseline
 from loadfuzz.classify import environment_signatures
 from loadfuzz.expect import Expectation, classify_findings
 from loadfuzz.inventory import Inventory, Library
-from loadfuzz.model import Key, TrialRecord, UsageError, sequence_key
+from loadfuzz.model import Key, TrialRecord, UsageError, new_and_unexpected, sequence_key
 from loadfuzz.model import Sequence as Steps
 from loadfuzz.results import ResultsFolder, default_out, utc_now
 from loadfuzz.run.pool import ServerPool

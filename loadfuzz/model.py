@@ -112,6 +112,13 @@ def json_key(record: Mapping[str, Any]) -> Key:
     return tuple((s["kind"], s["lib"], s["flags"]) for s in record["sequence"])
 
 
+def new_and_unexpected(summary: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """A summary's findings that are both new since its baseline and covered by no
+    expectation: what fails a campaign run with `--fail-on new`."""
+    new = {json_key(r) for r in summary.get("baseline", {}).get("new", [])}
+    return [r for r in summary["unexpected"] if json_key(r) in new]
+
+
 # The version part of a `<name>-<version>` folder: a PEP 440 version as it appears in a
 # wheel's or a distribution's name (no `-` inside), or `unversioned` (a target without one).
 VERSION = re.compile(r"\d[A-Za-z0-9_.+!]*|unversioned")

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from loadfuzz.model import Key, Outcome, json_key, spell_sequence, step_label
+from loadfuzz.model import Key, Outcome, json_key, new_and_unexpected, spell_sequence, step_label
 
 # The outcomes, in the order of the legend and of the outcome table.
 OUTCOME_ORDER = tuple(outcome.value for outcome in Outcome)
@@ -42,7 +42,7 @@ class CampaignView:
     unexpected: frozenset[Key]
     environment: frozenset[Key]  # problems of the environment (a missing Python module)
     why: dict[Key, str]
-    new: frozenset[Key] = frozenset()  # findings new since the --baseline
+    new: frozenset[Key] = frozenset()  # with --fail-on new: the unexpected findings it counts
 
     @classmethod
     def of(cls, summary: Mapping[str, Any], trials: Iterable[Mapping[str, Any]]) -> CampaignView:
@@ -57,7 +57,8 @@ class CampaignView:
             unexpected=frozenset(json_key(r) for r in summary.get("unexpected", [])),
             environment=frozenset(json_key(r) for r in summary.get("environment", [])),
             why={json_key(e["record"]): e.get("why", "") for e in summary.get("expected", [])},
-            new=frozenset(json_key(r) for r in (summary.get("baseline") or {}).get("new", [])),
+            new=frozenset(map(json_key, new_and_unexpected(summary)))  # as the exit status
+            if summary.get("fail_on") == "new" else frozenset(),
         )
 
     @property

@@ -13,8 +13,8 @@ A campaign has three phases, all within one wall-clock `--budget`:
    first steps, with its own fork servers, until the budget is spent.
 
 Every failure is then normalised by `simplify` (drop steps, then load each
-library the simplest way that still fails: `local` before `global`) once, in the campaign's own process, and
-deduplicated on its identity: (outcome, signature, operator, the set of
+library the simplest way that still fails: `local` before `global`) once, in
+the campaign's own process, and deduplicated on its identity: (outcome, signature, operator, the set of
 libraries in its minimal sequence). Only the findings so made are confirmed
 cold before they are reported; the failing trials on the way are kept as their
 fork server saw them (`via` "fork-server").
@@ -134,12 +134,16 @@ def replayable(inv: Inventory, db: DirectoryBasedExampleDatabase) -> tuple[list[
     return found, unreadable
 
 
-def remember(inv: Inventory, db: DirectoryBasedExampleDatabase, record: TrialRecord) -> bool:
-    """Save a finding's sequence; whether it can be read back (Hypothesis drops a save it
+def remember(inv: Inventory, db: DirectoryBasedExampleDatabase,
+             records: Sequence[TrialRecord]) -> int:
+    """Save the findings' sequences; how many cannot be read back (Hypothesis drops a save it
     cannot make without a word)."""
-    value = json.dumps([s.to_json() for s in record.sequence], sort_keys=True).encode()
-    db.save(database_key(inv), value)
-    return value in set(db.fetch(database_key(inv)))
+    values = [json.dumps([s.to_json() for s in record.sequence], sort_keys=True).encode()
+              for record in records]
+    for value in values:
+        db.save(database_key(inv), value)
+    kept = set(db.fetch(database_key(inv))) if values else set()
+    return sum(value not in kept for value in values)
 
 
 # --- the campaign --------------------------------------------------------------------
@@ -196,15 +200,13 @@ def run_fuzz(campaign: Prepared, options: FuzzOptions, watcher: Watcher,
             except BaseException:
                 trials.close()
                 kept = list(findings.found.values())
-                for record in kept:  # unconfirmed: the next campaign's replay confirms them
-                    remember(inv, db, record)
+                remember(inv, db, kept)  # unconfirmed: the next campaign's replay confirms them
                 write_partial(campaign, list(runs.values()), kept, trials, started,
                               time.monotonic() - clock, "finding", seed=base_seed,
                               warnings=warnings, found=found_entries(findings, kept),
                               **search.summary(trials, findings.run.recalled))
                 raise
-            lost = sum(not remember(inv, db, record) for record in confirmed)
-            if lost:
+            if lost := remember(inv, db, confirmed):
                 warnings.append(f"--db {options.db}: could not save {lost} of the findings "
                                 f"there; the next campaign will not replay them")
             found = found_entries(findings, confirmed)
