@@ -20,6 +20,7 @@ import fcntl
 import json
 import os
 import shutil
+import tempfile
 import threading
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
@@ -178,8 +179,10 @@ def holds_results(out: Path) -> bool:
 def usable(folder: Path, what: str) -> None:
     """UsageError unless `folder` is, or can be made, a folder this process can write in: its
     nearest existing ancestor is a folder, and a writable one when `folder` does not exist yet.
-    A folder to be made is made and removed again: permission bits do not tell (root may
-    write anywhere they say, but not in /proc, /sys or a read-only mount)."""
+    Where a folder is to be made, a probe folder of a name no one else uses is made beside it
+    and removed again: permission bits do not tell (root may write anywhere they say, but not
+    in /proc, /sys or a read-only mount). Never `folder` itself: another campaign may make it
+    and take its lock between our mkdir and rmdir."""
     existing = Path(os.path.abspath(folder))
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
@@ -190,14 +193,12 @@ def usable(folder: Path, what: str) -> None:
     if existing != Path(os.path.abspath(folder)):
         made = Path(os.path.abspath(folder)).relative_to(existing).parts[0]
         try:
-            (existing / made).mkdir()
-        except FileExistsError:
-            return  # made meanwhile, by another command
+            probe = Path(tempfile.mkdtemp(prefix=f".{made}.probe-", dir=existing))
         except OSError as exc:
             raise UsageError(f"{what} {folder}: cannot make a folder in {existing}: "
                              f"{exc.strerror or exc}") from None
         with contextlib.suppress(OSError):
-            (existing / made).rmdir()
+            probe.rmdir()
 
 
 def finished_summary(folder: Path, where: str) -> dict[str, Any]:

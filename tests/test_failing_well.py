@@ -145,6 +145,27 @@ def test_garbage_in_the_example_database_is_one_warning_and_the_campaign_goes_on
     assert any(f["phase"] == "replay" for f in json.loads(again.stdout)["found"])
 
 
+def test_checking_an_out_folder_never_removes_a_folder_by_that_name(tmp_path):
+    # Two campaigns started at once on one new --out: if the second's check made and removed
+    # the folder itself, it could remove it under the first, which had just made it and was
+    # about to take its lock there ("No such file or directory: .../out/.lock", exit 3).
+    out = tmp_path / "new" / "out"
+    spy = ("import os, sys\n"
+           "from pathlib import Path\n"
+           "from loadfuzz.results import usable\n"
+           "sys.addaudithook(lambda event, args: event in ('os.mkdir', 'os.rmdir')"
+           " and print(event, os.fspath(args[0])))\n"
+           "usable(Path(sys.argv[1]), '--out')\n")
+    done = subprocess.run([str(LOADFUZZ.with_name("python")), "-c", spy, str(out)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    events = [line.split(" ", 1) for line in done.stdout.splitlines()]
+    assert [event for event, _ in events] == ["os.mkdir", "os.rmdir"], events  # it did probe
+    touched = {Path(path) for _, path in events}
+    assert not touched & {out, out.parent}, events
+    assert sorted(tmp_path.iterdir()) == []  # and left nothing behind
+
+
 def test_two_campaigns_started_at_once_on_one_folder_refuse_the_second(tmp_path):
     out = tmp_path / "out"
     args = [str(LOADFUZZ), "matrix", str(CORPUS), "--flags", "global", "--out", str(out)]
