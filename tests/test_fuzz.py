@@ -148,6 +148,13 @@ def test_a_campaign_over_several_targets_replays_its_findings_after_an_upgrade(t
     assert found["phase"] == "replay"
     assert [s["lib"] for s in found["sequence"]] == [
         s["lib"].replace("fxpair-1.0/", "fxpair-1.1/") for s in finding["sequence"]]
+    # The database now holds the finding under both releases' ids, which name one sequence:
+    # the next night runs it once (merge refuses a shard whose lines outnumber its trials).
+    third = loadfuzz("fuzz", other, wheels[1], "--flags", "local", "--budget", "0.01",
+                     "--db", db, "--out", tmp_path / "night-3", "--json")
+    lines = (tmp_path / "night-3" / "trials.jsonl").read_text().splitlines()
+    sequences = [json.dumps(json.loads(line)["sequence"], sort_keys=True) for line in lines]
+    assert len(sequences) == len(set(sequences)) == json.loads(third.stdout)["trials"]
 
 
 def test_findings_the_database_cannot_keep_are_said_lost(tmp_path):

@@ -271,7 +271,8 @@ def explore(findings: Findings, campaign: Prepared, options: FuzzOptions,
     with workers.Workers(plan_, settings_.run.jobs, findings) as search:
         search.probed(probe_all(trials, findings.options, settings_.run.jobs))
         for phase, work in (("replay", in_shard), ("predicted", predicted)):
-            work = [seq for seq in work if not findings.run.knows(seq)]
+            # (once each: after an upgrade the database names one sequence by both ids)
+            work = list(dict.fromkeys(seq for seq in work if not findings.run.knows(seq)))
             records = run_work(work, trials, campaign.folder, settings_.run.jobs,
                                findings.run.watcher)
             for record in records:  # all of them known before any is simplified
