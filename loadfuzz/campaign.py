@@ -111,7 +111,7 @@ def prepare(settings: CampaignSettings, command: str, suffix: str = "",
         raise UsageError(f"a matrix pairs libraries, and {inv.target} has {len(libs)}{chosen}: "
                          f"give it two or more (`loadfuzz run` loads one)")
     out = settings.out or default_out(inv.folder_name, suffix)
-    folder = ResultsFolder(out, settings.resume, inv.locate, resumable)
+    folder = ResultsFolder(out, settings.resume, inv.locate, resumable, default=not settings.out)
     return Prepared(settings, command, inv, libs, expectations, folder, earlier)
 
 
@@ -305,8 +305,8 @@ def run_matrix(campaign: Prepared, watcher: Watcher, pool: ServerPool | None = N
             summary = summarize(campaign, records, findings, trials, started,
                                 time.monotonic() - clock,
                                 interposition=predict.interposition(campaign.inv, records))
+        campaign.folder.write_reports(summary, records, per="pair")  # the folder still ours
     finally:
         watcher.close()
         campaign.folder.close()
-    campaign.folder.write_reports(summary, records, per="pair")
     return summary, records

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import itertools
 import json
 import os
 import shutil
@@ -56,12 +57,17 @@ class ResultsFolder:
     """
 
     def __init__(self, out: Path, resume: bool, locate: Callable[[str], Path],
-                 resumable: bool = True):
-        """`resumable`: the command has a `--resume` (said when the folder is taken)."""
+                 resumable: bool = True, default: bool = False):
+        """`resumable`: the command has a `--resume` (said when the folder is taken);
+        `default`: `out` is the default name, not the user's (see `open`)."""
         self.out = out
+        self.default = default
         self.resumable = resumable
         self.trials_path = out / "trials.jsonl"
-        check_out(out, resume, resumable)
+        if default:  # taken meanwhile or not, `open` finds it a free name
+            usable(out, "--out")
+        else:
+            check_out(out, resume, resumable)
         self.resume = resume
         self.done: dict[Key, TrialRecord] = {}
         if resume:
@@ -75,9 +81,9 @@ class ResultsFolder:
         """The trials of the folder's trials.jsonl (for --resume); UsageError, naming the line,
         for one that is not a trial record of this campaign."""
         done: dict[Key, TrialRecord] = {}
-        try:
-            self._repair()
-            lines = self.trials_path.read_text(encoding="utf-8").splitlines()
+        try:  # (a torn last line is left out here, and cut off once `open` holds the lock)
+            data = self.trials_path.read_bytes()
+            lines = data[:data.rfind(b"\n") + 1].decode("utf-8").splitlines()
         except (OSError, UnicodeDecodeError) as exc:
             raise UsageError(f"--resume: cannot read {self.trials_path} ({exc})") from None
         for number, line in enumerate(lines, 1):
@@ -92,6 +98,17 @@ class ResultsFolder:
             done[record.key()] = record
         return done
 
+    def _claim(self) -> None:
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        name = self.out.name
+        for number in itertools.count(2):
+            try:
+                self.out.mkdir()
+                break
+            except FileExistsError:
+                self.out = self.out.with_name(f"{name}-{number}")
+        self.trials_path = self.out / "trials.jsonl"
+
     def _repair(self) -> None:
         """Drop a torn last line (the campaign was killed in the middle of one)."""
         data = self.trials_path.read_bytes()
@@ -100,7 +117,11 @@ class ResultsFolder:
                 file.truncate(data.rfind(b"\n") + 1)
 
     def open(self) -> None:
-        """Take the folder (UsageError when another campaign holds it) and open trials.jsonl."""
+        """Take the folder (UsageError when another campaign holds it) and open trials.jsonl.
+        A default folder is this campaign's alone: made here, or when a campaign started in the
+        same second made it first, the next free name beside it (`<time>-2`, `<time>-3`, ...)."""
+        if self.default:
+            self._claim()
         self.out.mkdir(parents=True, exist_ok=True)
         self._lock_fd = os.open(self.out / LOCK, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
@@ -113,6 +134,7 @@ class ResultsFolder:
             self.close()  # another campaign wrote here between our check and our lock
             raise UsageError(taken_message(self.out, self.resumable))
         if self.resume:  # what the earlier stop wrote describes it: gone until this run's end
+            self._repair()
             for name in REPORTS:
                 with contextlib.suppress(FileNotFoundError):
                     (self.out / name).unlink()

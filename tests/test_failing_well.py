@@ -5,6 +5,7 @@ Exit status 3 means "loadfuzz could not finish" (one line on stderr, the traceba
 error.log); 1 is only ever "the campaign completed and found something unexpected".
 """
 
+import fcntl
 import json
 import os
 import shutil
@@ -143,6 +144,89 @@ def test_garbage_in_the_example_database_is_one_warning_and_the_campaign_goes_on
            for line in (tmp_path / "again" / "trials.jsonl").read_text().splitlines()}
     assert kept and all(json.dumps(seq, sort_keys=True) in ran for seq in kept)
     assert any(f["phase"] == "replay" for f in json.loads(again.stdout)["found"])
+
+
+def test_campaigns_started_in_the_same_second_without_out_each_get_a_folder(tmp_path):
+    # The default folder is named by the second: the shards of one nightly job, started at
+    # once, each take a folder of their own (`<time>`, `<time>-2`) instead of refusing.
+    args = [str(LOADFUZZ), "matrix", str(CORPUS), "--flags", "global", "--json"]
+    shards = [subprocess.Popen([*args, "--shard", f"{k}/2"], cwd=tmp_path, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for k in (1, 2)]
+    done = [(proc.wait(timeout=300), *proc.communicate()) for proc in shards]
+    assert all(status in (0, 1) for status, _, _ in done), done
+    outs = [tmp_path / json.loads(stdout)["out"] for _, stdout, _ in done]
+    assert len(set(outs)) == 2 and {out.parent for out in outs} == {tmp_path / "results"
+                                                                    / "corpus-unversioned"}
+    for out, (_, stdout, _) in zip(outs, done, strict=True):
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["shard"] == json.loads(stdout)["shard"]
+        assert len(whole_lines(out / "trials.jsonl")) == summary["trials"] > 0
+
+
+def test_a_default_folder_taken_by_another_campaign_is_followed_by_the_next_free_name(tmp_path):
+    from loadfuzz.results import ResultsFolder
+
+    def nowhere(lib):
+        raise AssertionError(lib)
+
+    stamp = tmp_path / "results" / "corpus-unversioned" / "20261205T151300Z"
+    folders = [ResultsFolder(stamp, False, nowhere, default=True) for _ in range(3)]
+    for folder in folders:  # all three named before any took its folder, as when started at once
+        folder.open()
+    try:
+        assert [f.out.name for f in folders] == [stamp.name, f"{stamp.name}-2", f"{stamp.name}-3"]
+        assert all(f.trials_path == f.out / "trials.jsonl" for f in folders)
+    finally:
+        for folder in folders:
+            folder.close()
+
+
+def test_a_resume_refused_because_another_campaign_holds_the_folder_leaves_its_file_alone(
+        tmp_path):
+    # The torn last line is the running campaign's line being written: only the campaign
+    # that holds the folder may cut it off.
+    out = tmp_path / "out"
+    first = loadfuzz("matrix", CORPUS, "--select", "libcz_pair_*", "--flags", "global",
+                     "--out", out)
+    assert first.returncode == 1, first.stderr
+    with (out / "trials.jsonl").open("ab") as file:
+        file.write(b'{"sequence": [{"kind": "dlopen", "lib": ')  # being written, mid-line
+    before = (out / "trials.jsonl").read_bytes()
+    with (out / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the campaign still running there
+        resumed = loadfuzz("matrix", CORPUS, "--select", "libcz_pair_*", "--flags", "global",
+                           "--resume", "--out", out)
+    assert resumed.returncode == 2 and "in use by another campaign" in resumed.stderr, resumed
+    assert (out / "trials.jsonl").read_bytes() == before
+    again = loadfuzz("matrix", CORPUS, "--select", "libcz_pair_*", "--flags", "global",
+                     "--resume", "--out", out)  # and once the folder is free, it is cut off
+    assert again.returncode == 1, again.stderr
+    assert len(whole_lines(out / "trials.jsonl")) == json.loads(
+        (out / "summary.json").read_text())["trials"]
+
+
+def test_a_campaign_holds_its_folder_until_its_reports_are_written(tmp_path, monkeypatch):
+    # Else a --resume started in that moment would take the folder, remove the reports and
+    # run, while the first campaign then wrote a finished summary beside it.
+    from loadfuzz import report
+    from loadfuzz.cli import main
+
+    held = []
+    write_all = report.write_all
+
+    def watching(out, *args, **kwargs):
+        with (out / ".lock").open("w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held.append(False)
+            except BlockingIOError:
+                held.append(True)
+        return write_all(out, *args, **kwargs)
+
+    monkeypatch.setattr(report, "write_all", watching)
+    assert main(["matrix", str(CORPUS), "--select", "libcz_pair_*", "--flags", "global",
+                 "--out", str(tmp_path / "out")]) == 1
+    assert held == [True]
 
 
 def test_checking_an_out_folder_never_removes_a_folder_by_that_name(tmp_path):

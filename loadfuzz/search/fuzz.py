@@ -214,11 +214,11 @@ def run_fuzz(campaign: Prepared, options: FuzzOptions, watcher: Watcher,
                                 time.monotonic() - clock, seed=base_seed, max_len=options.max_len,
                                 db=str(options.db), found=found, warnings=warnings,
                                 **search.summary(trials, findings.run.recalled))
+        records = list(runs.values())
+        campaign.folder.write_reports(summary, records, per="finding")  # the folder still ours
     finally:
         watcher.close()
         campaign.folder.close()
-    records = list(runs.values())
-    campaign.folder.write_reports(summary, records, per="finding")
     return summary, records
 
 

@@ -236,10 +236,11 @@ def reproduce(campaign: Prepared, message: Message, watcher: Watcher) -> dict[st
         with contextlib.suppress(OSError):
             report.write_summary_json(campaign.out, {**result(), "incomplete": True})
         raise
+    else:  # (before `finally`: the folder is still ours)
+        report.write_summary_json(campaign.out, result())
+        if found is not None:
+            report.write_repro_script(campaign.out, found.to_json())
     finally:
         watcher.close()
         campaign.folder.close()
-    report.write_summary_json(campaign.out, result())
-    if found is not None:
-        report.write_repro_script(campaign.out, found.to_json())
     return result()
