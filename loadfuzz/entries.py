@@ -57,9 +57,8 @@ def read(entry: Path, key: tuple) -> object | None:
         if len(payload) != length or zlib.crc32(payload) != crc:
             return None
         return PlainData(io.BytesIO(payload)).load()
-    except (pickle.UnpicklingError, struct.error, EOFError, TypeError, ValueError,
-            AttributeError, IndexError, KeyError, MemoryError, RecursionError):
-        return None
+    except Exception:  # whatever the unpickler raises on bytes it did not write (OverflowError,
+        return None    # UnpicklingError, EOFError, ...): a damaged entry, read again from the file
 
 
 def write(entry: Path, key: tuple, payload: object) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from loadfuzz import derived, inventory, inventory_cache
+from loadfuzz import derived, entries, inventory, inventory_cache
 from loadfuzz.cli import commands, main
 from loadfuzz.derived import Consulted, DerivedCache
 from support import FIXTURES, LEGACY_PLUGIN, QUANTIZED, ROOT
@@ -212,6 +212,19 @@ def test_torn_or_foreign_entries_are_ignored(tmp_path):
         assert cache.get(key) is None
     entry.write_bytes(whole)
     assert cache.get(cache.key("test", ("other words",))) is None
+
+
+def test_an_entry_damaged_in_any_byte_is_ignored_never_an_error(tmp_path):
+    # A damaged length in the head made the unpickler raise OverflowError: every later
+    # command exited 3 until the cache was deleted by hand.
+    entry = tmp_path / "entry"
+    key = ("test", "key", 1)
+    entries.write(entry, key, ("payload", 123, frozenset({"a"})))
+    whole = entry.read_bytes()
+    for at in range(len(whole)):
+        for value in (0x00, 0x7F, 0x80, 0xFF, whole[at] ^ 0x01):
+            entry.write_bytes(whole[:at] + bytes([value]) + whole[at + 1:])
+            assert entries.read(entry, key) in (None, ("payload", 123, frozenset({"a"})))
 
 
 def test_concurrent_writers_and_readers_only_ever_see_whole_entries(tmp_path):
