@@ -16,7 +16,6 @@ replay of `predict`; the cause says which (`evidence`: "observed" or "static").
 
 from __future__ import annotations
 
-import mmap
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -26,6 +25,7 @@ from pathlib import Path
 from loadfuzz import predict, registries
 from loadfuzz.causes import CauseRule, Fields, load_causes
 from loadfuzz.elf.cache import ElfCache
+from loadfuzz.elf.opnames import carries_string
 from loadfuzz.elf.read import STD_PREFIXES, BadElf, ElfFacts, ElfReader
 from loadfuzz.inventory import Inventory
 from loadfuzz.model import BoundSymbol, Carrier, Cause, Fix, Outcome, StepKind, TrialRecord
@@ -60,15 +60,6 @@ def identity(path: str) -> tuple[int, int] | None:
         return (info := os.stat(path)).st_dev, info.st_ino
     except OSError:
         return None
-
-
-def carries_string(path: str, text: str) -> bool:
-    """Whether the file holds `text` as a C string of its own (NUL on both sides)."""
-    try:
-        with open(path, "rb") as stream, mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ) as m:
-            return m.find(b"\0" + text.encode() + b"\0") >= 0
-    except (OSError, ValueError):
-        return False
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,6 +20,7 @@ import pytest
 from loadfuzz import inventory
 from loadfuzz.api import run_load_order
 from loadfuzz.causes import CONDITIONS, load_causes
+from loadfuzz.elf.opnames import carries_string
 from loadfuzz.explain import Explainer
 from loadfuzz.model import Flags, Outcome, Step, StepKind, TrialRecord
 from loadfuzz.run import ldtrace
@@ -255,3 +259,36 @@ def test_every_finding_of_a_campaign_is_explained_in_every_output(tmp_path):
     assert "- Fixes:" in report
     assert "cause: duplicate-registration (observed)" in (out / "junit.xml").read_text()
     assert "fix: Register quantized_decomposed::add.out" in (out / "matrix.html").read_text()
+
+
+CUT_SHORT = """
+import os, sys
+from loadfuzz.elf.opnames import carries_string
+path = sys.argv[1]
+def cut_short(frame, event, arg):  # when the search starts reading the file
+    if event == "c_call" and getattr(arg, "__name__", "") in ("find", "read", "readinto"):
+        sys.setprofile(None)
+        os.truncate(path, 4096)
+sys.setprofile(cut_short)
+print(carries_string(path, "cz::needle.out"))
+"""
+
+
+@pytest.mark.parametrize("where", ["start", "middle", "past a chunk", "nowhere"])
+def test_a_library_searched_for_an_operator_name_is_read_whole_or_cut_short_but_never_mapped(
+        tmp_path, where):
+    # A library rewritten in place (a build, a `cp`) while a finding was explained killed
+    # loadfuzz with SIGBUS when the search touched pages past the new end of the file.
+    needle = b"\0cz::needle.out\0"
+    at = {"start": 0, "middle": 3 << 20, "past a chunk": (4 << 20) - 7, "nowhere": None}[where]
+    data = bytearray(os.urandom(8 << 20).replace(b"\0", b"\1"))
+    if at is not None:
+        data[at:at + len(needle)] = needle
+    library = tmp_path / "libbig.so"
+    library.write_bytes(bytes(data))
+    assert carries_string(library, "cz::needle.out") is (at is not None)
+    assert carries_string(library, "cz::needle") is False
+    done = subprocess.run([sys.executable, "-c", CUT_SHORT, str(library)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    assert done.stdout == f"{at == 0}\n"

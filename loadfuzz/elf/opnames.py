@@ -193,3 +193,19 @@ def read_names(path: Path, reader: str) -> tuple[str, ...]:
 
     with open(path, "rb") as stream:
         return NAME_READERS[reader](ELFFile(stream))
+
+
+def carries_string(path: str | Path, text: str, chunk: int = 1 << 22) -> bool:
+    """Whether the file holds `text` as a C string of its own (NUL on both sides). Read a chunk
+    at a time, not mapped: a file rewritten in place while it is searched would end the
+    process (SIGBUS)."""
+    needle, tail = b"\0" + text.encode() + b"\0", b""
+    try:
+        with open(path, "rb") as stream:
+            while block := stream.read(chunk):
+                if needle in tail + block:
+                    return True
+                tail = (tail + block)[1 - len(needle):]
+    except OSError:
+        pass
+    return False
