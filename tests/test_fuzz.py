@@ -100,6 +100,18 @@ def test_the_summary_prints_the_throughput(tmp_path):
     assert "throughput:" in done.stdout and "trials/s" in done.stdout
 
 
+def test_by_default_a_campaign_runs_on_the_cores_it_may_use_not_on_every_core_there_is(tmp_path):
+    # A CI job pinned to one core (taskset, a container's cpuset) of a bigger machine: as
+    # many search processes as the machine has cores would share that one.
+    one = min(os.sched_getaffinity(0))
+    done = subprocess.run([str(LOADFUZZ), "fuzz", CORPUS, "--select", "libcz_quiet_*",
+                           "--budget", "1s", "--db", tmp_path / "db", "--out", tmp_path / "out",
+                           "--json"], capture_output=True, text=True, timeout=120,
+                          preexec_fn=lambda: os.sched_setaffinity(0, {one}))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["jobs"] == 1 < (os.cpu_count() or 1)
+
+
 def test_a_fuzz_campaign_writes_nothing_in_the_working_folder(tmp_path):
     here = tmp_path / "here"
     here.mkdir()

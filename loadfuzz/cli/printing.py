@@ -137,7 +137,7 @@ def print_summary(summary: dict) -> None:
           f"{len(summary['stale'])} stale expectations")
     if summary.get("baseline"):
         print(baseline_line(summary["baseline"]))
-    if summary.get("throughput"):
+    if summary.get("throughput") is not None:  # (0.0 too: a search that ran nothing)
         print(f"throughput: {summary['throughput']} trials/s")
     if summary.get("prediction"):
         prediction = summary["prediction"]
