@@ -3,9 +3,16 @@ the tests' own plain loader is built once."""
 
 import json
 
+import hypothesis
 import pytest
 
 from support import LEGACY_PLUGIN, build_loader, loadfuzz
+
+# The tests' own property checks (not loadfuzz's search): no per-example deadline, which a
+# loaded CI machine can miss, and no example database in the working folder, whose saved
+# failure would replay in every later run.
+hypothesis.settings.register_profile("loadfuzz-tests", deadline=None, database=None)
+hypothesis.settings.load_profile("loadfuzz-tests")
 
 
 @pytest.fixture(scope="session", autouse=True)
