@@ -3,6 +3,7 @@ torch and without this source tree, runs a trial from any folder (the harness is
 from the packaged source into the user's cache on first use)."""
 
 import json
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -14,9 +15,14 @@ from support import ROOT, hostile
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
+    # Built from a copy of the sources: built in place, setuptools would reuse the checkout's
+    # build/lib, where a module since removed is still found and would be packed.
+    source = tmp_path_factory.mktemp("source") / "loadfuzz"
+    shutil.copytree(ROOT, source, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "results", "__pycache__", "*.egg-info", ".hypothesis"))
     dist = tmp_path_factory.mktemp("dist")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "--disable-pip-version-check", "-q", "-w", str(dist), str(ROOT)],
+                    "--disable-pip-version-check", "-q", "-w", str(dist), str(source)],
                    check=True, capture_output=True, cwd=dist)
     [built] = dist.glob("loadfuzz-*.whl")
     return built
@@ -38,6 +44,8 @@ def test_the_wheel_carries_the_harness_source_and_the_report_assets_but_not_the_
                    "loadfuzz/report/matrix.js", "loadfuzz/signatures.toml"):
         assert needed in names
     assert not [name for name in names if name.startswith(("tools/", "tests/"))]
+    modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "loadfuzz").rglob("*.py")}
+    assert {name for name in names if name.endswith(".py")} == modules  # no more, no fewer
     with zipfile.ZipFile(wheel) as archive:
         shipped = archive.read("loadfuzz/run/harness.c")
     assert shipped == (ROOT / "harness_c" / "harness.c").read_bytes()
