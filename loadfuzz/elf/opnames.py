@@ -10,6 +10,8 @@ Two ways a registration leaves its names in a file, one reader each
   the namespace worked out from nearby strings.
 
 These are heuristics on string literals; `registries.py` decides whose.
+`carries_string` asks the plainer question of a whole file (does it hold this
+name at all?), for `explain`.
 """
 
 from __future__ import annotations
