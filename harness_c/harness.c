@@ -754,6 +754,9 @@ int main(int argc, char **argv) {
     /* SIGPIPE stays (or becomes) the default, as every trial must inherit it: a
      * server writing to a parent that is gone ends, as it should, by SIGPIPE. */
     signal(SIGPIPE, SIG_DFL);
+    /* SIGCHLD ignored (inherited from a daemon, a CI runner, an embedding program) would
+     * have the kernel reap every trial at once: its wait status, the verdict, lost. */
+    signal(SIGCHLD, SIG_DFL);
     struct rlimit core = {0, 0};
     setrlimit(RLIMIT_CORE, &core);
     for (int i = 1; i < argc; i++) {
