@@ -10,7 +10,9 @@ Steps are spelled as on the `loadfuzz run` command line: a library id of the
 target (or a path), with an optional `global:`, `local:` or `python:` prefix
 for its flags mode, `py:PATH` to import a Python extension module, or
 `import:NAME` to import a module by name. With target
-None every step is a path. Each call is one cold trial in a fresh process.
+None every step is a path. Each call is one cold trial in a fresh process (one
+that is not clean runs once more under the loader's report, `LD_DEBUG`, for
+its cause).
 Inside pytest the `loadfuzz_run` fixture hands out this same function.
 """
 

@@ -78,11 +78,13 @@ class PairCheck:
         option = config.getoption
         try:
             expect = option("loadfuzz_expect")
+            if expect == "":
+                raise UsageError("--loadfuzz-expect: an empty path")
             settings = CampaignSettings(
                 TargetSpec((option("loadfuzz"),), tuple(Path(p) for p in option("loadfuzz_add")),
                            tuple(option("loadfuzz_select"))),
                 flags=Flags.parse_list(option("loadfuzz_flags")),
-                expect=Path(expect) if expect else None)
+                expect=None if expect is None else Path(expect))
             inv, libs = settings.target.load()
             expectations = settings.expectations()
         except (UsageError, ValueError) as exc:
@@ -122,7 +124,9 @@ def usage_error(message: str) -> pytest.UsageError:
 def pytest_configure(config: pytest.Config) -> None:
     """With --loadfuzz: read the target (on the xdist controller first, so bad input stops
     the run before any worker starts) and register the hooks that add and report the pairs."""
-    if config.getoption("loadfuzz"):
+    # (`is not None`: an empty TARGET, a CI job's `--loadfuzz="$TARGET"` whose variable is
+    # unset, is bad input, not a green run of nothing)
+    if config.getoption("loadfuzz") is not None:
         check = config.stash[CHECK] = PairCheck.read(config)
         config.pluginmanager.register(PairPlugin(check), "loadfuzz-pairs")
         config.addinivalue_line("markers", "loadfuzz: a load-order pair test added by loadfuzz")

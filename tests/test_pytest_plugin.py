@@ -183,6 +183,9 @@ def test_a_folder_target_with_a_crashing_library_fails_both_orders_at_its_step(t
     (["--loadfuzz", "executorch", "--loadfuzz-add", "missing.so"], "--loadfuzz-add missing.so"),
     (["--loadfuzz", "executorch", "--loadfuzz-select", "nothing/*"], "matches no library"),
     (["--loadfuzz", "executorch", "--loadfuzz-select", KQ_ID], "a pair needs two"),
+    # a CI job's `--loadfuzz="$TARGET"` whose variable is unset: not a green run of nothing
+    (["--loadfuzz="], "a target is empty"),
+    (["--loadfuzz=executorch", "--loadfuzz-expect="], "--loadfuzz-expect: an empty path"),
 ])
 def test_bad_input_is_a_one_line_usage_error_before_any_worker_starts(tmp_path, args, message):
     (tmp_path / "bad.toml").write_text("[[expectd]]\nfirst = 'a'\n")
