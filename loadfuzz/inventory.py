@@ -270,9 +270,13 @@ def build(target: str, name: str, version: str | None, root: Path, files: Mappin
         if lib_id in chosen:
             raise UsageError(f"--add {extra}: a library with id {lib_id} is already in {target}")
         try:
-            chosen[lib_id] = reader.facts(Path(extra))
+            facts = reader.facts(Path(extra))
         except BadElf as exc:
             raise UsageError(f"--add {exc}") from None
+        held = [held_id for held_id, other in chosen.items() if other.identity == facts.identity]
+        if held:  # (else one file under two ids: paired with itself)
+            raise UsageError(f"--add {extra}: {target} already holds it, as {held[0]}")
+        chosen[lib_id] = facts
     if not chosen:
         why = f" ({len(warnings)} unreadable, e.g. {warnings[0]})" if warnings else ""
         raise UsageError(f"no ELF shared library in {target}{why}")

@@ -78,6 +78,9 @@ CASES = {
     "out under a file": (lambda f: ["matrix", QUANTIZED, "--out", under_a_file(f)],
                          "is not a folder"),
     "empty out": (lambda f: ["matrix", QUANTIZED, "--out", ""], "an empty path"),
+    "add of a library the target holds": (
+        lambda f: ["matrix", "executorch", "--add", QUANTIZED],
+        "already holds it, as lib/libexecutorch_kernels_quantized.so"),
     "db under a file": (lambda f: ["fuzz", QUANTIZED, "--db", under_a_file(f)], "is not a folder"),
     # no folder can be made there, whatever the permission bits say (even to root)
     "out in /proc": (lambda f: ["matrix", QUANTIZED, "--out", "/proc/loadfuzz-out"],
