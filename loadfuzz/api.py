@@ -18,11 +18,12 @@ Inside pytest the `loadfuzz_run` fixture hands out this same function.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from loadfuzz import inventory
-from loadfuzz.explain import Explainer
+from loadfuzz.explain import Explainer, identity
 from loadfuzz.model import (
     MAX_TIMEOUT_S,
     Flags,
@@ -65,23 +66,29 @@ def run_load_order(target: str | Path | None, *steps: str | Path,
     if not 0 < timeout <= MAX_TIMEOUT_S:  # also false for nan
         raise UsageError(f"timeout must be more than zero seconds and at most {MAX_TIMEOUT_S} "
                          f"(a week), not {timeout!r}")
-    seq = load_order(None if target is None else str(target), steps, default, add)
-    return run_cold(seq, Limits(timeout_s=timeout))
+    seq, names = load_order(None if target is None else str(target), steps, default, add)
+    return run_cold(seq, Limits(timeout_s=timeout), names)
 
 
 def load_order(target: str | None, steps: Iterable[str | Path], default: Flags,
-               add: Iterable[str | Path] = ()) -> Sequence:
-    """The steps as `run` spells them, library ids looked up in `target` (None: paths only)."""
+               add: Iterable[str | Path] = ()) -> tuple[Sequence, Mapping[tuple[int, int], str]]:
+    """The steps as `run` spells them, library ids looked up in `target` (None: paths only),
+    a path to one of the target's files recorded under its id; and the target's ids by the
+    identity of their file, which a cause names them by."""
     ids: dict[str, Path] = {}
+    names: dict[tuple[int, int], str] = {}
     if target is not None:
         inv = inventory.load_target(target, [Path(p) for p in add])
         ids = {lib.id: lib.path for lib in inv.libraries}
+        names = {ident: lib.id for ident, lib in inv.by_identity.items()}
     try:
         seq = tuple(parse_step(str(text), default, ids.get) for text in steps)
     except UsageError as exc:
         where = f" (and no library id of {target})" if target is not None else ""
         raise UsageError(f"{exc}{where}") from None
-    return as_python_loads_it(seq)
+    seq = tuple(s if s.kind is StepKind.MODULE else replace(s, lib=names.get(
+        identity(str(s.path)) or (-1, -1), s.lib)) for s in seq)
+    return as_python_loads_it(seq), names
 
 
 def as_python_loads_it(seq: Sequence) -> Sequence:
@@ -96,14 +103,16 @@ def as_python_loads_it(seq: Sequence) -> Sequence:
                  and roles.get(s.path) is Role.PYTHON_EXTENSION else s for s in seq)
 
 
-def run_cold(seq: Sequence, limits: Limits) -> TrialRecord:
-    """One trial of `seq` in a fresh process (what `run` and this API do)."""
+def run_cold(seq: Sequence, limits: Limits,
+             names: Mapping[tuple[int, int], str] | None = None) -> TrialRecord:
+    """One trial of `seq` in a fresh process (what `run` and this API do); `names`: what its
+    cause calls a file by (a target's ids, see `load_order`), else the inventory's."""
     files = list(dict.fromkeys(s.path for s in seq if s.kind is not StepKind.MODULE))
     if not files:  # modules by name only: nothing to read, a finding is still explained
         inv = inventory.Inventory("", "modules", None, Path.cwd(), (), ())
-        return run_with(seq, limits, NO_TIERS, Explainer(inv))
+        return run_with(seq, limits, NO_TIERS, Explainer(inv, names=names))
     inv = inventory.load_libraries(files)
-    return run_with(seq, limits, Tiers.of(inv.libraries), Explainer(inv))
+    return run_with(seq, limits, Tiers.of(inv.libraries), Explainer(inv, names=names))
 
 
 def run_with(seq: Sequence, limits: Limits, tiers: Tiers, explainer: Explainer) -> TrialRecord:

@@ -75,8 +75,11 @@ class Loaded:
 class Explainer:
     """Explains the findings of one campaign's libraries (one per campaign; keeps what it read)."""
 
-    def __init__(self, inv: Inventory, reader: ElfReader | None = None):
+    def __init__(self, inv: Inventory, reader: ElfReader | None = None,
+                 names: Mapping[tuple[int, int], str] | None = None):
+        """`names`: ids of files the inventory does not hold (`run --target`: the target's)."""
         self.inv = inv
+        self.names = names or {}
         self._reader = reader
         self.rules = load_causes()
         self.owners = inv.by_identity
@@ -204,7 +207,7 @@ class Explainer:
             if step.kind is not StepKind.MODULE and identity(str(step.path)) == ident:
                 return step.lib
         lib = self.owners.get(ident) if ident else None
-        return lib.id if lib else Path(path).name
+        return lib.id if lib else self.names.get(ident or (-1, -1), Path(path).name)
 
     def carrier(self, record: TrialRecord, objects: list[Loaded], path: str) -> Carrier:
         found = next((o for o in objects if o.path == path), None)

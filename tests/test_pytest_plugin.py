@@ -238,6 +238,19 @@ def test_run_load_order_takes_ids_of_a_target_or_plain_paths():
     assert run_load_order(None, AOT).clean  # needs libpython: loaded first, as in Python
 
 
+def test_run_load_order_names_a_target_file_by_its_id_however_it_was_given():
+    # by its path as a step, and where the cause names the files its entry points bound to:
+    # the ids expectations and matrix records use, not a path or a bare file name
+    record = run_load_order("executorch", QUANTIZED, f"global:{LEGACY_PLUGIN}")
+    assert (record.outcome, [s.lib for s in record.sequence]) == (
+        Outcome.REREGISTER, [KQ_ID, str(LEGACY_PLUGIN)])
+    symbols = record.to_json()["cause"]["symbols"]
+    named = {name for symbol in symbols for name in [
+        *symbol["defined_by"], *(end for binding in symbol["bindings"]
+                                 for end in (binding["from"], binding["to"]))]}
+    assert "lib/libexecutorch.so" in named and "libexecutorch.so" not in named, symbols
+
+
 @pytest.mark.parametrize(("steps", "options", "says"), [
     ((), {}, "at least one step"),
     (("lib/no-such-library.so",), {}, "no-such-library"),

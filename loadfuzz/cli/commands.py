@@ -163,8 +163,8 @@ def cmd_scan(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from loadfuzz import api
 
-    seq = api.load_order(args.target, args.steps, args.flags[0])
-    record = api.run_cold(seq, limits_of(args))
+    seq, names = api.load_order(args.target, args.steps, args.flags[0])
+    record = api.run_cold(seq, limits_of(args), names)
     if args.json:
         printing.print_json(record.to_json())
     else:
