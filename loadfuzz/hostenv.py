@@ -1,4 +1,5 @@
-"""The machine loadfuzz runs on: torch's libraries, libpython, the import path and the cache folder.
+"""The machine loadfuzz runs on: torch's libraries, libpython, the import path, the cache folder
+and the cores it may use.
 
 Looked up without importing torch (which takes seconds) and without any
 global cache: callers that need the answers often keep them. torch is not
@@ -7,7 +8,9 @@ a requirement: where it is not installed, trials simply have no torch.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import math
 import os
 import re
 import site
@@ -64,3 +67,15 @@ def cache_folder() -> Path:
     XDG_CACHE_HOME is ignored, as the XDG spec says (it would mean a cache per working folder)."""
     base = os.environ.get("XDG_CACHE_HOME", "")
     return (Path(base) if os.path.isabs(base) else Path.home() / ".cache") / "loadfuzz"
+
+
+def usable_cores() -> int:
+    """The CPUs this process may run on (the default `--jobs`): its affinity mask, capped by
+    its cgroup's CPU quota (a CI container sees every core of its host, but may be given the
+    time of two)."""
+    cores = len(os.sched_getaffinity(0))
+    with contextlib.suppress(OSError, ValueError):
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, math.ceil(int(quota) / int(period))))
+    return cores

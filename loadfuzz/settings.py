@@ -5,13 +5,11 @@ files it names (`check_input`) that comes before anything is read or run.
 
 from __future__ import annotations
 
-import contextlib
-import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from loadfuzz import hostenv
 from loadfuzz.baseline import Baseline
 from loadfuzz.expect import Expectation, load_expectations
 from loadfuzz.model import Flags, UsageError
@@ -45,25 +43,13 @@ class TargetSpec:
         return inv, inv.select(self.select, self.exclude)
 
 
-def usable_cores() -> int:
-    """The CPUs this process may run on (the default `--jobs`): its affinity mask, capped by
-    its cgroup's CPU quota (a CI container sees every core of its host, but may be given the
-    time of two)."""
-    cores = len(os.sched_getaffinity(0))
-    with contextlib.suppress(OSError, ValueError):
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-        if quota != "max":
-            cores = min(cores, max(1, math.ceil(int(quota) / int(period))))
-    return cores
-
-
 @dataclass(frozen=True)
 class RunSettings:
     """How trials run: limits, fork servers or not, and how many at once."""
 
     limits: Limits = field(default_factory=Limits)
     cold: bool = False  # every trial a fresh process, no fork server
-    jobs: int = field(default_factory=usable_cores)
+    jobs: int = field(default_factory=hostenv.usable_cores)
 
     def trials(self, inv: inventory.Inventory,
                servers_for: tuple[inventory.Library, ...] | None = None,

@@ -9,10 +9,10 @@ import argparse
 import re
 from pathlib import Path
 
+from loadfuzz import hostenv
 from loadfuzz.baseline import FAIL_ON
 from loadfuzz.model import DEFAULT_MEM_MB, MAX_TIMEOUT_S, Flags, UsageError
 from loadfuzz.plan import WHOLE, Shard
-from loadfuzz.settings import usable_cores
 
 EXAMPLES = {
     "scan": """examples:
@@ -183,7 +183,7 @@ def build_parser() -> Parser:
                              help="expectations file (TOML) of accepted findings")
             sub.add_argument("--shard", type=Shard.parse, default=WHOLE,
                              metavar="K/N", help="run only the K-th of N slices of the work")
-            sub.add_argument("--jobs", type=jobs, default=usable_cores(), metavar="N",
+            sub.add_argument("--jobs", type=jobs, default=hostenv.usable_cores(), metavar="N",
                              help=jobs_help)
             sub.add_argument("--baseline", type=folder, action=Once, metavar="RESULTS_FOLDER",
                              help="an earlier campaign's results folder: report the findings "
@@ -236,7 +236,7 @@ def build_parser() -> Parser:
                      help="a crash log holding the message (the catalogue's signatures are "
                           "tried against its whole text); `-`: read it from stdin")
     target(sub, campaign=False, positional=False)
-    sub.add_argument("--jobs", type=jobs, default=usable_cores(), metavar="N",
+    sub.add_argument("--jobs", type=jobs, default=hostenv.usable_cores(), metavar="N",
                      help="orders tried at once (default: the cores); the first that "
                           "reproduces, in the order tried, is kept either way")
 
