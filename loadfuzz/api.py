@@ -55,6 +55,14 @@ def run_load_order(target: str | Path | None, *steps: str | Path,
     """
     if not steps:
         raise UsageError("run_load_order needs at least one step")
+    # (types first: a str `add` would be read a character at a time, a bool taken for 1 s)
+    extra = tuple(add) if isinstance(add, Iterable) and not isinstance(add, str) else None
+    if extra is None or not all(isinstance(p, str | Path) for p in extra):
+        raise UsageError(f"add is a list of library paths, not {add!r}")
+    if not isinstance(flags, str):
+        raise UsageError(f"flags is a mode's name (global, local or python), not {flags!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        raise UsageError(f"timeout is a number of seconds, not {timeout!r}")
     try:
         modes = Flags.parse_list(flags)
     except ValueError as exc:
@@ -66,7 +74,7 @@ def run_load_order(target: str | Path | None, *steps: str | Path,
     if not 0 < timeout <= MAX_TIMEOUT_S:  # also false for nan
         raise UsageError(f"timeout must be more than zero seconds and at most {MAX_TIMEOUT_S} "
                          f"(a week), not {timeout!r}")
-    seq, names = load_order(None if target is None else str(target), steps, default, add)
+    seq, names = load_order(None if target is None else str(target), steps, default, extra)
     return run_cold(seq, Limits(timeout_s=timeout), names)
 
 

@@ -259,6 +259,12 @@ def test_run_load_order_names_a_target_file_by_its_id_however_it_was_given():
     ((KQ_ID,), {"timeout": 0}, "timeout"),
     ((KQ_ID,), {"timeout": float("nan")}, "timeout"),
     ((KQ_ID,), {"timeout": float("inf")}, "timeout"),
+    # the wrong types say which argument, not a KeyError or "--add /: no such file"
+    ((KQ_ID,), {"add": str(LEGACY_PLUGIN)}, "add is a list of library paths"),
+    ((KQ_ID,), {"add": [None]}, "add is a list of library paths"),
+    ((KQ_ID,), {"flags": None}, "flags is a mode's name"),
+    ((KQ_ID,), {"timeout": "10"}, "timeout is a number of seconds"),
+    ((KQ_ID,), {"timeout": True}, "timeout is a number of seconds"),
 ])
 def test_run_load_order_rejects_bad_input_with_a_usage_error_that_says_what(steps, options, says):
     with pytest.raises(UsageError, match=re.escape(says)):
