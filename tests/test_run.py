@@ -149,18 +149,25 @@ def test_a_crash_leaves_no_core_file_where_the_kernel_would_write_one(trials):
     assert cores_in(folder, prefix) == []
 
 
-@pytest.mark.parametrize("how", [["--cold"], []])
-def test_a_caller_that_ignores_sigchld_still_gets_every_verdict(tmp_path, how):
+@pytest.mark.parametrize("command", ["run", "matrix"])  # a cold trial; fork servers
+def test_a_caller_that_ignores_sigchld_still_gets_every_verdict(tmp_path, command):
     # A daemon, a CI runner or an embedding program may run loadfuzz with SIGCHLD ignored,
     # which every child inherits: the kernel would reap each trial and its status be lost
     # (an abort came back as "exit 0").
-    pair = [FIXTURES / "corpus" / "libcz_pair_a.so", FIXTURES / "corpus" / "libcz_pair_b.so"]
-    done = subprocess.run([str(LOADFUZZ), "run", *how, "--json", *map(str, pair)],
+    corpus = FIXTURES / "corpus"
+    words = {"run": [corpus / "libcz_pair_a.so", corpus / "libcz_pair_b.so"],
+             "matrix": [corpus, "--select", "libcz_pair_*", "--flags", "global",
+                        "--out", tmp_path / "out"]}[command]
+    done = subprocess.run([str(LOADFUZZ), command, "--json", *map(str, words)],
                           capture_output=True, text=True, timeout=120,
                           preexec_fn=lambda: signal.signal(signal.SIGCHLD, signal.SIG_IGN))
-    record = json.loads(done.stdout)
-    assert (record["outcome"], record["signal"]) == ("reregister", signal.SIGABRT), done.stderr
-    assert done.returncode == 1
+    assert done.returncode == 1, done.stderr
+    output = json.loads(done.stdout)
+    records = output["findings"] if command == "matrix" else [output]
+    assert records and {(r["outcome"], r["signal"]) for r in records} == {
+        ("reregister", signal.SIGABRT)}
+    if command == "matrix":
+        assert all(r["via"].startswith("fork-server") for r in records), records
 
 
 def test_the_next_forked_trial_is_not_deadlocked_by_a_thread_holding_a_lock():
