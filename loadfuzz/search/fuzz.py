@@ -14,10 +14,11 @@ A campaign has three phases, all within one wall-clock `--budget`:
 
 Every failure is then normalised by `simplify` (drop steps, then load each
 library the simplest way that still fails: `local` before `global`) once, in
-the campaign's own process, and deduplicated on its identity: (outcome, signature, operator, the set of
-libraries in its minimal sequence). Only the findings so made are confirmed
-cold before they are reported; the failing trials on the way are kept as their
-fork server saw them (`via` "fork-server").
+the campaign's own process, and deduplicated on its identity: (outcome,
+signature, operator, the set of libraries in its minimal sequence). Only the
+findings so made are confirmed cold before they are reported; the failing
+trials on the way are kept as their fork server saw them (`via`
+"fork-server").
 """
 
 from __future__ import annotations
