@@ -132,11 +132,14 @@ def test_an_operator_no_library_carries_exits_1_and_says_so(tmp_path):
     assert "no library of executorch carries nosuch::op.out" in done.stdout
 
 
-def test_a_message_and_a_log_together_is_bad_usage(tmp_path):
+@pytest.mark.parametrize("order", ["options last", "target last"])
+def test_a_message_and_a_log_together_is_bad_usage(tmp_path, order):
     log = tmp_path / "crash.log"
     log.write_text(ET_LINE)
-    done = loadfuzz("repro", "x", "executorch", "--log", log, "--out", tmp_path / "out")
-    assert done.returncode == 2 and "either a MESSAGE or --log" in done.stderr
+    words = (["x", "executorch", "--log", log] if order == "options last"
+             else ["x", "--log", log, "executorch"])  # was "unrecognized arguments: executorch"
+    done = loadfuzz("repro", *words, "--out", tmp_path / "out")
+    assert done.returncode == 2 and "either a MESSAGE or --log" in done.stderr, done.stderr
     assert not (tmp_path / "out").exists()
 
 

@@ -183,14 +183,18 @@ def test_with_torch_under_test_no_tier_preloads_any_of_its_libraries():
     assert preloaded & under_test == set()
 
 
-def test_two_folders_of_one_name_are_two_targets_and_every_library_counts(tmp_path):
+@pytest.mark.parametrize("where", ["before the options", "after an option"])
+def test_two_folders_of_one_name_are_two_targets_and_every_library_counts(tmp_path, where):
     for side, name in (("a", "one"), ("b", "two")):
         folder = tmp_path / side / "libs"
         folder.mkdir(parents=True)
         (folder / f"{name}.c").write_text(f"int {name}(void) {{ return 1; }}\n")
         subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(folder / f"lib{name}.so"),
                         str(folder / f"{name}.c")], check=True)
-    done = loadfuzz("scan", tmp_path / "a" / "libs", tmp_path / "b" / "libs", "--json")
+    first, second = tmp_path / "a" / "libs", tmp_path / "b" / "libs"
+    words = ([first, second, "--json"] if where == "before the options"
+             else [first, "--json", second])  # a target after an option is one all the same
+    done = loadfuzz("scan", *words)
     assert done.returncode == 0, done.stderr
     scan = json.loads(done.stdout)
     ids = sorted(lib["id"] for lib in scan["libraries"])

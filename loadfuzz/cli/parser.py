@@ -51,6 +51,18 @@ class Parser(argparse.ArgumentParser):
         command = self.prog.removeprefix("loadfuzz").strip()
         raise UsageError(f"{command}: {message}" if command else message)
 
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def]
+        """A command's words may come after its options (`matrix torch --flags global
+        executorch`, `repro MESSAGE --log FILE TARGET`): plain argparse fills a positional
+        list from one run of words only and calls the rest unrecognized."""
+        if self._subparsers is not None or getattr(self, "_intermixing", False):
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True  # parse_known_intermixed_args calls back into this method
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
+
 
 class Once(argparse.Action):
     """An option that names a file whose every entry counts (--expect, --baseline, --log,
