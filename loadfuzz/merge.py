@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shlex
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadfuzz import plan
+from loadfuzz import plan, scratch
 from loadfuzz.baseline import Baseline
 from loadfuzz.classify import environment_signatures
 from loadfuzz.elf.read import BadElf, ElfReader
@@ -395,7 +396,11 @@ def merge(folders: Sequence[Path], out: Path, fail_on: str = "unexpected",
         raise UsageError(f"cannot merge: a shard's summary.json or trials.jsonl holds what "
                          f"loadfuzz never writes ({type(exc).__name__}: {exc})") from None
     # written beside `out`, then renamed into place: a stopped merge leaves nothing behind
-    staging = out.parent / f".{out.name}.merging-{os.getpid()}"
+    staging_prefix = f".{out.name}.merging-"
+    scratch.sweep(out.parent, staging_prefix)  # what a merge killed by SIGKILL left there
+    staging = out.parent / f"{staging_prefix}{os.getpid()}-{secrets.token_hex(4)}"
+    staging.mkdir(parents=True)  # as --out itself would be made (mkdtemp's would be private: 0700)
+    owner = scratch.hold(staging)
     try:
         folder = ResultsFolder(staging, False, nowhere, resumable=False)
         folder.open()
@@ -410,6 +415,7 @@ def merge(folders: Sequence[Path], out: Path, fail_on: str = "unexpected",
         place(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        os.close(owner)
     return summary, records
 
 

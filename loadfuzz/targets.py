@@ -19,7 +19,6 @@ import posixpath
 import re
 import shutil
 import stat
-import tempfile
 import zipfile
 import zlib
 from collections.abc import Iterator, Mapping
@@ -27,13 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
-from loadfuzz import hostenv
+from loadfuzz import hostenv, scratch
 from loadfuzz.model import UsageError
 
 if TYPE_CHECKING:
     from loadfuzz.derived import Consulted
 
 SO_FILE = re.compile(r".+\.so(\.\d+)*")
+UNPACKING = ".unpacking-"  # a wheel being unpacked into the cache (`unpack_wheel`)
 
 
 @dataclass(frozen=True)
@@ -204,16 +204,18 @@ def unpack_wheel(wheel: Path) -> tuple[Path, str, str | None]:
     final = wheels / digest.hexdigest()
     if not final.is_dir():
         wheels.mkdir(parents=True, exist_ok=True)
-        scratch = Path(tempfile.mkdtemp(prefix=".unpacking-", dir=wheels))
+        scratch.sweep(wheels, UNPACKING)  # what an unpack killed by SIGKILL left (a whole wheel)
+        folder, owner = scratch.held(wheels, UNPACKING)
         try:
-            extract_safely(wheel, scratch)
+            extract_safely(wheel, folder)
             try:
-                os.rename(scratch, final)
+                os.rename(folder, final)
             except OSError:
                 if not final.is_dir():  # not a concurrent unpack of the same wheel that won
                     raise
         finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+            shutil.rmtree(folder, ignore_errors=True)
+            os.close(owner)
     info = sorted(p.name for p in final.iterdir() if p.name.endswith(".dist-info"))
     if not info:
         raise UsageError(f"{wheel}: not a wheel (no .dist-info folder inside)")

@@ -281,3 +281,90 @@ def test_output_cut_short_by_its_reader_is_the_sigpipe_status_never_a_finding(tm
     assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
     summary = json.loads((out / "summary.json").read_text())
     assert "incomplete" not in summary and summary["trials"] == len(whole_lines(out / "trials.jsonl"))
+
+
+# --- what a SIGKILL leaves behind is swept by the next command of its kind --------------
+
+
+def killed_in(code: str, cwd: Path, env: dict | None = None) -> None:
+    """Run `code` in a Python that SIGKILLs itself where the code says `die()`."""
+    prelude = "import os, signal\ndef die(*_):\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+    done = subprocess.run([str(LOADFUZZ.with_name("python")), "-c", prelude + code], cwd=cwd,
+                          env={**os.environ, **(env or {})}, capture_output=True, text=True)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+
+
+def aged(folder: Path, seconds: float = 3600) -> Path:
+    os.utime(folder, (folder.stat().st_atime - seconds, folder.stat().st_mtime - seconds))
+    return folder
+
+
+def test_a_scratch_folder_is_swept_only_once_its_owner_is_gone_and_it_is_a_minute_old(tmp_path):
+    from loadfuzz import scratch
+
+    gone, _ = scratch.held(tmp_path, ".kind-")  # its owner "dies": the lock goes with it
+    os.close(_)
+    young, _ = scratch.held(tmp_path, ".kind-")
+    os.close(_)
+    alive, owner = scratch.held(tmp_path, ".kind-")
+    other = tmp_path / ".other-kind"
+    other.mkdir()
+    aged(gone), aged(alive), aged(other)
+    os.close(owner)  # and another process holds it
+    hold = ("import fcntl, os, sys, time\n"
+            "fcntl.flock(os.open(sys.argv[1], os.O_RDONLY), fcntl.LOCK_EX)\n"
+            "print('held', flush=True)\ntime.sleep(60)\n")
+    holder = subprocess.Popen([str(LOADFUZZ.with_name("python")), "-c", hold, str(alive)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        assert scratch.sweep(tmp_path, ".kind-") == 1
+    finally:
+        holder.kill()
+        holder.wait()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [young.name, alive.name, ".other-kind"])
+
+
+def test_a_merge_killed_by_sigkill_leaves_a_folder_that_the_next_merge_removes(tmp_path):
+    shards = []
+    for k in (1, 2):
+        done = loadfuzz("matrix", CORPUS, "--flags", "global", "--shard", f"{k}/2",
+                        "--out", tmp_path / f"shard{k}")
+        assert done.returncode in (0, 1), done.stderr
+        shards.append(tmp_path / f"shard{k}")
+    out = tmp_path / "merged"
+    killed_in("from pathlib import Path\nfrom loadfuzz import merge, report\n"
+              "report.render_junit = die\n"
+              f"merge.merge([Path({str(shards[0])!r}), Path({str(shards[1])!r})], "
+              f"Path({str(out)!r}))\n", cwd=tmp_path)
+    [left] = tmp_path.glob(".merged.merging-*")
+    assert (left / "trials.jsonl").exists() and not out.exists()
+    aged(left)
+    done = loadfuzz("merge", *shards, "--out", out)
+    assert done.returncode in (0, 1), done.stderr
+    assert not left.exists() and (out / "summary.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["merged", "shard1", "shard2"]
+
+
+def test_a_wheel_unpack_killed_by_sigkill_is_removed_by_the_next_unpack(tmp_path):
+    import zipfile
+
+    wheel = tmp_path / "demo-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.write(LEGACY_PLUGIN, "demo/lib/libplugin.so")
+        archive.writestr("demo-1.0.dist-info/METADATA", "Name: demo\nVersion: 1.0\n")
+    cache = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    killed_in("from loadfuzz import targets\n"
+              "real = targets.extract_safely\n"
+              "targets.extract_safely = lambda *a: (real(*a), die())\n"
+              f"targets.unpack_wheel(__import__('pathlib').Path({str(wheel)!r}))\n",
+              cwd=tmp_path, env=cache)
+    wheels = tmp_path / "cache" / "loadfuzz" / "wheels"
+    [left] = wheels.glob(".unpacking-*")
+    assert (left / "demo" / "lib" / "libplugin.so").exists()
+    aged(left)
+    done = loadfuzz("scan", wheel, env={**os.environ, **cache})
+    assert done.returncode == 0, done.stderr
+    [unpacked] = wheels.iterdir()  # the wheel, unpacked again, and nothing else
+    assert not unpacked.name.startswith(".") and (unpacked / "demo" / "lib").is_dir()

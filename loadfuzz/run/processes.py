@@ -10,16 +10,15 @@ are removed by the next loadfuzz that starts servers (`sweep_scratch`).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
-import shutil
 import signal
 import tempfile
 import time
 from pathlib import Path
 
+from loadfuzz import scratch
+
 SCRATCH_PREFIX = "loadfuzz-server-"
-STALE_S = 60.0  # a scratch folder younger than this is never swept (it may be being made)
 # What to ask one os.read of a pipe for: its capacity. os.read allocates all it is asked for
 # first, and 1 MiB is an mmap and an munmap per read (20 us against 2 us, a tenth of a trial).
 PIPE_READ = 1 << 16
@@ -80,31 +79,10 @@ def end_group(pgid: int, wait_s: float = 5.0) -> None:
 
 def own_scratch() -> tuple[Path, int]:
     """A fresh scratch folder for a harness process, and the descriptor that holds its lock
-    (flock on the folder itself): while it is open, no `sweep_scratch` removes the folder."""
-    folder = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
-    owner = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    fcntl.flock(owner, fcntl.LOCK_EX)
-    return folder, owner
+    (see `scratch.held`): while it is open, no `sweep_scratch` removes the folder."""
+    return scratch.held(Path(tempfile.gettempdir()), SCRATCH_PREFIX)
 
 
-def sweep_scratch(stale_s: float = STALE_S) -> int:
-    """Remove the scratch folders whose owner is gone (its lock is free: the kernel drops it
-    with the process, whatever ended it) and that nothing touched for `stale_s`; how many."""
-    removed = 0
-    for folder in Path(tempfile.gettempdir()).glob(SCRATCH_PREFIX + "*"):
-        try:
-            if time.time() - folder.stat().st_mtime < stale_s:
-                continue
-            lock = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            continue  # its loadfuzz is alive
-        else:
-            shutil.rmtree(folder, ignore_errors=True)
-            removed += 1
-        finally:
-            os.close(lock)
-    return removed
+def sweep_scratch() -> int:
+    """Remove the servers' scratch folders whose owner is gone; how many (`scratch.sweep`)."""
+    return scratch.sweep(Path(tempfile.gettempdir()), SCRATCH_PREFIX)
