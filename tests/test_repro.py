@@ -125,6 +125,37 @@ def test_a_collision_reachable_only_through_the_global_scope_needs_three_steps(t
     assert len(record["sequence"]) == 3
 
 
+def test_a_needle_is_found_wherever_it_falls_across_the_chunks_a_file_is_read_in(tmp_path):
+    from loadfuzz.elf.opnames import found_in
+
+    needles = [b"ns::op.out", b"\0ns\0", b"\0op("]
+    for at, needle in itertools.product(range(40), needles):
+        data = bytearray(b"x" * 48)
+        data[at:at + len(needle)] = needle
+        (tmp_path / "lib.so").write_bytes(bytes(data[:48]))
+        whole = at + len(needle) <= 48
+        assert found_in(tmp_path / "lib.so", needles, chunk=8) == ({needle} if whole else set())
+
+
+CARRIERS_RSS = """
+import resource, sys
+from loadfuzz import inventory
+from loadfuzz.search.repro import carriers, read_message
+inv = inventory.load_target("torch")
+print(len(carriers(inv, read_message("Re-registering nosuch::op.out"))))
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+
+
+def test_looking_for_an_operator_s_carriers_never_holds_a_whole_library_in_memory():
+    # libtorch_cpu.so is 430 MB: reading each file whole made a repro on torch that big
+    done = subprocess.run([str(LOADFUZZ.with_name("python")), "-c", CARRIERS_RSS],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    count, peak_mb = map(int, done.stdout.split())
+    assert count == 0 and peak_mb < 250, peak_mb  # 89 MB here; 485 MB before
+
+
 def test_an_operator_no_library_carries_exits_1_and_says_so(tmp_path):
     done = loadfuzz("repro", "Re-registering nosuch::op.out", "executorch",
                     "--out", tmp_path / "out")

@@ -10,8 +10,8 @@ Two ways a registration leaves its names in a file, one reader each
   the namespace worked out from nearby strings.
 
 These are heuristics on string literals; `registries.py` decides whose.
-`carries_string` asks the plainer question of a whole file (does it hold this
-name at all?), for `explain`.
+`carries_string` and `carries_op` ask the plainer question of a whole file
+(does it hold this name at all?), for `explain` and `repro`.
 """
 
 from __future__ import annotations
@@ -197,17 +197,36 @@ def read_names(path: Path, reader: str) -> tuple[str, ...]:
         return NAME_READERS[reader](ELFFile(stream))
 
 
-def carries_string(path: str | Path, text: str, chunk: int = 1 << 22) -> bool:
-    """Whether the file holds `text` as a C string of its own (NUL on both sides). Read a chunk
-    at a time, not mapped: a file rewritten in place while it is searched would end the
-    process (SIGBUS)."""
-    needle, tail = b"\0" + text.encode() + b"\0", b""
+def carries_string(path: str | Path, text: str) -> bool:
+    """Whether the file holds `text` as a C string of its own (NUL on both sides)."""
+    needle = b"\0" + text.encode() + b"\0"
+    return needle in found_in(path, [needle])
+
+
+def carries_op(path: str | Path, op: str) -> bool:
+    """Whether the file holds the operator `ns::name[.overload]`: whole, or as PyTorch's
+    TORCH_LIBRARY(ns, m) { m.def("name(...) -> ...") } keeps it, the namespace and the schema
+    two strings of their own (a C string `ns`, and one that begins `name(`)."""
+    namespace, _, name = op.partition("::")
+    whole, own_namespace, schema = (op.encode(), b"\0" + namespace.encode() + b"\0",
+                                    b"\0" + name.encode() + b"(")
+    found = found_in(path, [whole, own_namespace, schema] if name else [whole])
+    return whole in found or {own_namespace, schema} <= found
+
+
+def found_in(path: str | Path, needles: Sequence[bytes], chunk: int = 1 << 22) -> set[bytes]:
+    """Which of the byte strings the file holds. Read a chunk at a time (never the whole file:
+    libtorch_cpu.so is 430 MB), not mapped: a file rewritten in place while it is searched
+    would end the process (SIGBUS). An unreadable file holds none."""
+    found: set[bytes] = set()
+    keep = max(map(len, needles), default=1) - 1  # what a needle across two chunks needs
+    tail = b""
     try:
         with open(path, "rb") as stream:
-            while block := stream.read(chunk):
-                if needle in tail + block:
-                    return True
-                tail = (tail + block)[1 - len(needle):]
+            while len(found) < len(needles) and (block := stream.read(chunk)):
+                window = tail + block
+                found.update(needle for needle in needles if needle in window)
+                tail = window[-keep:] if keep else b""
     except OSError:
         pass
-    return False
+    return found

@@ -31,6 +31,7 @@ from typing import Any
 from loadfuzz import predict, report
 from loadfuzz.campaign import Prepared, RunOnce, Watcher
 from loadfuzz.classify import load_catalogue
+from loadfuzz.elf.opnames import carries_op
 from loadfuzz.inventory import Inventory, Library
 from loadfuzz.model import Flags, TrialRecord, UsageError
 from loadfuzz.model import Sequence as Steps
@@ -152,16 +153,7 @@ def carriers(inv: Inventory, message: Message) -> list[Library]:
     if message.op is None:
         return list(inv.libraries)
     return [lib for lib in inv.libraries
-            if message.op in lib.registers or carries_op(lib.path.read_bytes(), message.op)]
-
-
-def carries_op(data: bytes, op: str) -> bool:
-    """Whether a file's bytes hold the operator `ns::name[.overload]`: whole, or as PyTorch's
-    TORCH_LIBRARY(ns, m) { m.def("name(...) -> ...") } keeps it, the namespace and the schema
-    two strings of their own (a C string `ns`, and one that begins `name(`)."""
-    namespace, _, name = op.partition("::")
-    return op.encode() in data or (bool(name) and (
-        b"\0" + namespace.encode() + b"\0" in data and b"\0" + name.encode() + b"(" in data))
+            if message.op in lib.registers or carries_op(lib.path, message.op)]
 
 
 def candidates_of(inv: Inventory, message: Message) -> list[Library]:
