@@ -171,4 +171,8 @@ def test_a_missing_python_dependency_is_an_environment_problem_not_an_unexpected
     assert summary["unexpected"] == [] and len(summary["environment"]) == 2
     assert {r["op"] for r in summary["environment"]} == {
         "loadfuzz_fixture_dependency_nobody_installed"}
-    assert "## Environment problems (2)" in (tmp_path / "report.md").read_text()
+    report = (tmp_path / "report.md").read_text()
+    assert "## Environment problems (2)" in report
+    # the verdict says so too (it counted them as expected, which no entry had vouched for)
+    assert ("**Nothing unexpected: 2 findings, 0 of them expected, 2 environment problems "
+            "(never unexpected).**") in report

@@ -90,10 +90,13 @@ class CampaignView:
         return f"loadfuzz {summary.get('command', 'matrix')}: {name}"
 
     def verdict(self) -> str:
-        unexpected = sum(self.status(r) == "unexpected" for r in self.findings)
+        statuses = Counter(map(self.status, self.findings))
+        unexpected, environment = statuses["unexpected"], statuses["environment"]
         stale = len(self.summary.get("stale", []))
-        parts = [f"{count(len(self.findings), 'finding')}, {len(self.findings) - unexpected}"
-                 " of them expected" if self.findings else self.no_findings()]
+        parts = [f"{count(len(self.findings), 'finding')}, {statuses['expected']} of them expected"
+                 if self.findings else self.no_findings()]
+        if environment:  # neither expected nor unexpected (see `status`)
+            parts.append(f"{count(environment, 'environment problem')} (never unexpected)")
         if stale:
             parts.append(count(stale, "stale expectation"))
         head = count(unexpected, "unexpected finding") if unexpected else "Nothing unexpected"
