@@ -99,7 +99,7 @@ class Expectation:
 def load_expectations(path: Path) -> tuple[Expectation, ...]:
     """Read and check an expectations file; any problem is one UsageError line naming it."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a BOM, as some editors write, is no key
     except FileNotFoundError:
         raise UsageError(f"{path}: no such expectations file") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -140,10 +140,11 @@ def _entry(path: Path, number: int, entry: Any) -> Expectation:
     flags = entry.get("flags", [])
     if not isinstance(flags, list) or not all(isinstance(mode, str) for mode in flags):
         raise UsageError(f"{where}: 'flags' must be a list of modes, e.g. [\"global\", \"local\"]")
-    try:
-        modes = Flags.parse_list(",".join(flags)) if flags else ()
-    except ValueError as exc:
-        raise UsageError(f"{where}: {exc}") from None
+    known = {mode.value: mode for mode in Flags}
+    if unknown_mode := next((mode for mode in flags if mode not in known), None):
+        raise UsageError(f"{where}: unknown flags mode {unknown_mode!r} (expected "
+                         f"{', '.join(known)}, one per item)")
+    modes = tuple(dict.fromkeys(known[mode] for mode in flags))
     try:
         outcome = Outcome(entry["outcome"])
     except ValueError:

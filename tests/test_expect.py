@@ -61,6 +61,12 @@ why = \"\"\"a reason
 """
 
 
+def test_a_file_an_editor_began_with_a_byte_order_mark_reads_as_without_one(tmp_path):
+    plain = load_expectations(write(tmp_path, GOOD))
+    (tmp_path / "expect.toml").write_bytes(b"\xef\xbb\xbf" + GOOD.encode())
+    assert load_expectations(tmp_path / "expect.toml") == plain  # was "not valid TOML"
+
+
 def test_a_good_file_gives_one_expectation_per_entry_with_defaults(tmp_path: Path) -> None:
     first, second = load_expectations(write(tmp_path, GOOD))
     assert first == Expectation(KQ, "extra/*plugin*", "both", (), Outcome.REREGISTER, None,
@@ -92,6 +98,10 @@ ENTRY = '[[expected]]\nfirst = "a"\nsecond = "b"\noutcome = "reregister"\nwhy = 
                                          "as-written"),
         (ENTRY + 'flags = ["global", "lazy"]\n', "entry 1: unknown flags mode 'lazy'"),
         (ENTRY + 'flags = "global"\n', "entry 1: 'flags' must be a list"),
+        # one mode per item, spelled exactly (these passed as global and local, then global)
+        (ENTRY + 'flags = ["global,local"]\n', "entry 1: unknown flags mode 'global,local' "
+                                               "\\(expected global, local, python, one per"),
+        (ENTRY + 'flags = [" global "]\n', "entry 1: unknown flags mode ' global '"),
         (ENTRY.replace('"reregister"', '"segfault"'), "entry 1: outcome 'segfault' is not one "
                                                       "of: reregister, abort, crash"),
         (ENTRY.replace('"reregister"', '"clean"'), "entry 1: outcome 'clean' cannot be"),
