@@ -32,7 +32,7 @@ from loadfuzz.model import UsageError
 if TYPE_CHECKING:
     from loadfuzz.derived import Consulted
 
-SO_FILE = re.compile(r".+\.so(\.\d+)*")
+SO_FILE = re.compile(r".+\.so(\.\d+)*", re.DOTALL)  # any byte but / may be in a name: \n too
 UNPACKING = ".unpacking-"  # a wheel being unpacked into the cache (`unpack_wheel`)
 
 

@@ -218,3 +218,18 @@ def test_a_target_named_twice_is_one_target_with_its_own_ids_and_version():
     three = inventory.load_targets(["executorch", "torch", str(once.root)])
     paths = [lib.path.resolve() for lib in three.libraries]
     assert len(paths) == len(set(paths)) and three.labels == ("executorch-1.5.1", "torch-2.13.0+cpu")
+
+
+def test_a_library_whose_name_holds_a_newline_is_found_and_loaded(tmp_path):
+    # any byte but "/" may be in a file name; such a library was silently left out
+    folder = tmp_path / "libs"
+    folder.mkdir()
+    shutil.copyfile(ROOT / "build" / "fixtures" / "corpus" / "libcz_quiet_1.so",
+                    folder / "lib\nnewline.so")
+    shutil.copyfile(ROOT / "build" / "fixtures" / "corpus" / "libcz_pair_a.so",
+                    folder / "libplain.so")
+    done = loadfuzz("matrix", folder, "--flags", "global", "--out", tmp_path / "out", "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert sorted(summary["libraries"]) == ["lib\nnewline.so", "libplain.so"]
+    assert summary["trials"] == 2 and summary["findings"] == []
