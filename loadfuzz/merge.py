@@ -32,7 +32,7 @@ from loadfuzz.elf.read import BadElf, ElfReader
 from loadfuzz.expect import Expectation, classify_findings
 from loadfuzz.model import Flags, Key, Role, StepKind, TrialRecord, UsageError, json_key, sequence_key, spell_sequence
 from loadfuzz.predict import MOST_DISAGREEMENTS, shared_definitions
-from loadfuzz.results import LOCK, ResultsFolder, finished_summary, holds_results, usable
+from loadfuzz.results import LOCK, ResultsFolder, check_step_summary, finished_summary, holds_results, usable
 from loadfuzz.search.shrink import Identity, simplicity
 
 # What makes two shards shards of one campaign (besides N): these keys of their summaries.
@@ -193,6 +193,7 @@ def check_out(out: Path) -> None:
             else "other files"
         raise UsageError(f"--out {out} already holds {what}: give another --out")
     usable(out, "--out")
+    check_step_summary()
 
 
 # --- the whole campaign -------------------------------------------------------------------

@@ -194,6 +194,21 @@ def check_out(out: Path, resume: bool, resumable: bool = True) -> None:
         raise UsageError(taken_message(out, resumable))
 
 
+def check_step_summary() -> None:
+    """UsageError unless `$GITHUB_STEP_SUMMARY`, when set, names a file this process can append
+    to, or make (found out at the end, a bad one turned a finished campaign into exit 3)."""
+    value = os.environ.get("GITHUB_STEP_SUMMARY")
+    if not value:
+        return
+    path = Path(os.path.abspath(value))
+    if path.is_dir():
+        raise UsageError(f"GITHUB_STEP_SUMMARY={value}: a folder, not a file")
+    if not path.exists() and not path.parent.is_dir():
+        raise UsageError(f"GITHUB_STEP_SUMMARY={value}: no such folder {path.parent}")
+    if not os.access(path if path.exists() else path.parent, os.W_OK):
+        raise UsageError(f"GITHUB_STEP_SUMMARY={value}: cannot write there")
+
+
 def holds_results(out: Path) -> bool:
     return out.is_dir() and any(p.name != LOCK for p in out.iterdir())
 

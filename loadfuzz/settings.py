@@ -14,7 +14,7 @@ from loadfuzz.baseline import Baseline
 from loadfuzz.expect import Expectation, load_expectations
 from loadfuzz.model import Flags, UsageError
 from loadfuzz.plan import WHOLE, Shard
-from loadfuzz.results import check_out
+from loadfuzz.results import check_out, check_step_summary
 from loadfuzz.run.harness import Limits
 
 if TYPE_CHECKING:  # imported where used: a command reads its settings before they load
@@ -106,4 +106,5 @@ def check_input(settings: CampaignSettings, command: str,
     earlier = Baseline.read(baseline) if baseline is not None else None
     if settings.out is not None:
         check_out(settings.out, settings.resume, command == "matrix")
+    check_step_summary()
     return Checked(expectations, earlier)

@@ -189,3 +189,30 @@ def test_bad_input_starts_no_fork_server_even_when_the_last_run_says_which(tmp_p
     assert started == []
     main(["matrix", target, "--out", str(tmp_path / "third")])  # its servers fail: cold trials
     assert started  # (the same command with good input starts them)
+
+
+@pytest.mark.parametrize("command", ["matrix", "fuzz"])
+@pytest.mark.parametrize("where", ["in no folder", "a folder"])
+def test_a_step_summary_that_cannot_be_written_is_bad_input_before_anything_runs(
+        tmp_path, command, where):
+    # found out at the end, it turned a finished campaign, reports written, into exit 3
+    step_summary = tmp_path / "nowhere" / "summary.md" if where == "in no folder" else tmp_path
+    args = [command, QUANTIZED, "--add", LEGACY_PLUGIN, "--out", tmp_path / "out"]
+    if command == "fuzz":
+        args += ["--db", tmp_path / "db", "--budget", "5s"]
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    done = loadfuzz(*args, env={**os.environ, "GITHUB_STEP_SUMMARY": str(step_summary)})
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(f"loadfuzz: GITHUB_STEP_SUMMARY={step_summary}: ")
+    assert done.stderr.count("\n") == 1 and done.stdout == ""
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_the_report_is_appended_to_the_step_summary_after_what_it_held(tmp_path):
+    step_summary = tmp_path / "step.md"
+    step_summary.write_text("# earlier step\n")
+    done = loadfuzz("matrix", QUANTIZED, "--add", LEGACY_PLUGIN, "--out", tmp_path / "out",
+                    env={**os.environ, "GITHUB_STEP_SUMMARY": str(step_summary)})
+    assert done.returncode == 1, done.stderr
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert step_summary.read_text() == "# earlier step\n" + report + "\n"
