@@ -122,6 +122,26 @@ def test_a_stale_entry_is_decided_over_the_whole_campaign(runs):
     assert {e["why"] for e in merged["expected"]} == {whole["expected"][0]["why"]}
 
 
+def test_a_shard_s_reports_say_it_is_a_shard_and_its_stale_entries_are_its_slice_s(runs,
+                                                                                   capsys):
+    # a release manager reading one shard's step summary would delete entries in use
+    from loadfuzz.cli import printing
+
+    _, _, shards = runs["file"]
+    printing.print_summary(json.loads((shards[1] / "summary.json").read_text()))
+    text = capsys.readouterr().out
+    assert text.startswith("matrix executorch (shard 2/3): ")
+    assert "(stale in this shard's slice only" in text
+    report = (shards[1] / "report.md").read_text()
+    assert report.startswith("# loadfuzz matrix: executorch 1.5.1 (shard 2/3)\n")
+    assert "- Shard: 2/3: one slice of the campaign's work" in report
+    assert "matched no finding in this shard's slice of the work" in report
+    html = (shards[1] / "matrix.html").read_text()
+    assert "(shard 2/3)</h1>" in html and "in this shard&#x27;s slice" in html
+    whole = (runs["file"][0] / "report.md").read_text()
+    assert "shard" not in whole.splitlines()[0] and "- Shard:" not in whole
+
+
 def test_the_text_output_is_the_campaigns(runs, tmp_path):
     _, _, shards = runs["none"]
     done = loadfuzz("merge", *shards, "--out", tmp_path / "merged")

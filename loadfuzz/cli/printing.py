@@ -132,7 +132,8 @@ def matrix_text(summary: dict, records: Sequence[TrialRecord]) -> str:
 def print_summary(summary: dict) -> None:
     """A campaign's summary for people: counts, each finding on a line, where the report is."""
     findings, unexpected = summary["findings"], summary["unexpected"]
-    print(f"{summary['command']} {summary['target']}: {summary['trials']} trials, "
+    shard = f" (shard {summary['shard']})" if summary.get("shard") else ""
+    print(f"{summary['command']} {summary['target']}{shard}: {summary['trials']} trials, "
           f"{len(findings)} findings, {len(unexpected)} unexpected, "
           f"{len(summary['stale'])} stale expectations")
     if summary.get("baseline"):
@@ -156,6 +157,9 @@ def print_summary(summary: dict) -> None:
         between = "->" if entry.get("orders") == "as-written" else "x"
         print(f"  stale expectation: {entry['first']} {between} {entry['second']} "
               f"({entry['source']})")
+    if shard and summary["stale"]:
+        print("  (stale in this shard's slice only: `loadfuzz merge` decides over the whole "
+              "campaign)")
     print(f"report: {Path(summary['out']) / 'report.md'}  (matrix.html, junit.xml, repro/)")
 
 

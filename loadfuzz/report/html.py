@@ -235,7 +235,8 @@ def _html_stale(campaign: CampaignView) -> str:
         f"{' (' + _e(e['source']) + ')' if e.get('source') else ''}</li>"
         for e in stale
     )
-    return f"<h2>Stale expectations ({len(stale)})</h2><p>Matched no finding:</p><ul>{items}</ul>"
+    return (f"<h2>Stale expectations ({len(stale)})</h2><p>{_e(campaign.stale_intro())}</p>"
+            f"<ul>{items}</ul>")
 
 
 def render_html(campaign: CampaignView) -> str:

@@ -183,6 +183,8 @@ def render_markdown(campaign: CampaignView) -> str:
         ("Target", _md_code(str(summary.get("target", "?")))),
         ("Version", summary.get("version") and _md_code(str(summary["version"]))),
         ("Command", _md_code(str(summary.get("command", "matrix")))),
+        ("Shard", summary.get("shard") and f"{summary['shard']}: one slice of the campaign's work "
+                                          "(`loadfuzz merge` puts the shards together)"),
         ("Flags modes", ", ".join(_md_code(m) for m in campaign.flags_modes()) or None),
         ("Libraries", str(len(libraries))),
         ("Preloaded", ", ".join(_md_code(str(p)) for p in summary.get("preload", [])) or None),
@@ -224,7 +226,7 @@ def render_markdown(campaign: CampaignView) -> str:
     stale = summary.get("stale", [])
     lines += [f"## Stale expectations ({len(stale)})", ""]
     if stale:
-        lines += ["These entries of the expectations file matched no finding:", ""]
+        lines += [campaign.stale_intro(), ""]
         lines += [_md_stale(entry) for entry in stale]
     else:
         lines.append("None.")

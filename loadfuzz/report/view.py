@@ -87,7 +87,16 @@ class CampaignView:
     def title(self) -> str:
         summary = self.summary
         name = f"{summary.get('target', '?')} {summary.get('version') or ''}".strip()
-        return f"loadfuzz {summary.get('command', 'matrix')}: {name}"
+        shard = f" (shard {summary['shard']})" if summary.get("shard") else ""
+        return f"loadfuzz {summary.get('command', 'matrix')}: {name}{shard}"
+
+    def stale_intro(self) -> str:
+        """What the stale list says it is: a shard's entries are stale in its slice only."""
+        if self.summary.get("shard"):
+            return ("These entries of the expectations file matched no finding in this shard's "
+                    "slice of the work; another shard may use them (a merge of the shards decides "
+                    "over the whole campaign):")
+        return "These entries of the expectations file matched no finding:"
 
     def verdict(self) -> str:
         statuses = Counter(map(self.status, self.findings))
