@@ -110,9 +110,22 @@ def prepare(settings: CampaignSettings, command: str, suffix: str = "",
         chosen = " selected" if settings.target.select or settings.target.exclude else ""
         raise UsageError(f"a matrix pairs libraries, and {inv.target} has {len(libs)}{chosen}: "
                          f"give it two or more (`loadfuzz run` loads one)")
+    check_shard(settings, command, libs)
     out = settings.out or default_out(inv.folder_name, suffix)
     folder = ResultsFolder(out, settings.resume, inv.locate, resumable, default=not settings.out)
     return Prepared(settings, command, inv, libs, expectations, folder, earlier)
+
+
+def check_shard(settings: CampaignSettings, command: str, libs: Sequence[Library]) -> None:
+    """UsageError when `--shard K/N` cuts the work into more slices than it has items (a
+    matrix's pairs, a fuzz campaign's first libraries): some shard would test nothing, and a
+    green run that tested nothing is no pass."""
+    shard = settings.shard
+    units, what = ((plan.pair_count(libs, settings.flags), "pairs") if command == "matrix"
+                   else (len(libs), "first libraries"))
+    if command in ("matrix", "fuzz") and shard.count > units:
+        raise UsageError(f"--shard {shard}: the {command} has {units} {what} to share out, so "
+                         f"at most {units} shards (shard {units + 1} on would test nothing)")
 
 
 def run_work(work: Sequence[Steps], trials: Trials, folder: ResultsFolder, jobs: int,

@@ -93,10 +93,14 @@ def pairs(libraries: Iterable[Loadable], flags: Sequence[Flags], shard: Shard = 
     libs = sorted(libraries, key=lambda lib: (lib.id, str(lib.path)))
     every = ((mode, first, second)
              for mode in flags for first in libs for second in libs if first.id != second.id)
-    same_id = collections.Counter(lib.id for lib in libs)
-    total = len(flags) * sum(len(libs) - same_id[lib.id] for lib in libs)
     return [(load(first, mode), load(second, mode))
-            for mode, first, second in shard.block(every, total)]
+            for mode, first, second in shard.block(every, pair_count(libs, flags))]
+
+
+def pair_count(libraries: Sequence[Loadable], flags: Sequence[Flags]) -> int:
+    """How many trials `pairs` makes of the whole matrix."""
+    same_id = collections.Counter(lib.id for lib in libraries)
+    return len(flags) * sum(len(libraries) - same_id[lib.id] for lib in libraries)
 
 
 def step_options(libs: Sequence[Loadable], flags: Sequence[Flags]) -> list[Step]:

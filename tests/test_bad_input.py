@@ -52,6 +52,14 @@ CASES = {
                                      "(1h30m?)"),
     "bad shard": (lambda f: ["matrix", "executorch", "--shard", "4/3"], "bad --shard"),
     "shard text": (lambda f: ["fuzz", "executorch", "--shard", "half"], "bad --shard"),
+    # a shard that tests nothing went green: 2 libraries make 2 pairs under one flags mode
+    "more matrix shards than pairs": (
+        lambda f: ["matrix", QUANTIZED, "--add", LEGACY_PLUGIN, "--flags", "global",
+                   "--shard", "1/3"], "--shard 1/3: the matrix has 2 pairs to share out, so "
+                                      "at most 2 shards"),
+    "more fuzz shards than first libraries": (
+        lambda f: ["fuzz", QUANTIZED, "--add", LEGACY_PLUGIN, "--shard", "3/3"],
+        "--shard 3/3: the fuzz has 2 first libraries to share out, so at most 2 shards"),
     "toml error": (lambda f: ["matrix", "executorch", "--expect", bad_toml(f)], "bad.toml"),
     "unknown key": (lambda f: ["matrix", "executorch", "--expect", unknown_key(f)], "colour"),
     # argparse would keep the last: one team's accepted collisions lost without a word
