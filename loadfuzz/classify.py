@@ -28,6 +28,7 @@ class Signature:
     outcome: Outcome
     pattern: re.Pattern[str]
     environment: bool = False  # a problem of the environment under test, not of the libraries
+    op_is_file: bool = False  # `op` is a library's path: its file name is what counts
 
     def search(self, text: str) -> tuple[str, str] | None:
         """(the operator, the whole line it was found on), or None."""
@@ -51,6 +52,7 @@ def load_catalogue(text: str | None = None) -> tuple[Signature, ...]:
             outcome=Outcome(entry["outcome"]),
             pattern=re.compile(entry["pattern"]),
             environment=entry.get("environment", False),
+            op_is_file=entry.get("op_is_file", False),
         )
         for entry in tomllib.loads(text)["signature"]
     )

@@ -419,3 +419,79 @@ def test_in_a_python_log_the_line_logged_as_an_error_is_the_message():
            f"2026-12-05 04:12:02,124 - app - ERROR - {WHAT}\n"
            "2026-12-05 04:12:02,200 - app - INFO - shutting down\n")
     assert read_message(log).text == WHAT
+
+
+# --- lines as real logs hold them ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(("line", "needle"), [
+    ("what():  invalid shape [1, 3] aborting", "what():  invalid shape [1, 3] aborting"),
+    ("E1205 04:12:00.123456 4242 registry.cc:102] fatal: widget table corrupt",
+     "fatal: widget table corrupt"),
+    ("[2026-12-05 04:12:00] fatal: widget table corrupt", "fatal: widget table corrupt"),
+    ("[ERROR] fatal: widget [3] corrupt", "fatal: widget [3] corrupt"),
+])
+def test_only_a_log_prefix_is_cut_from_a_line_never_a_bracket_inside_the_message(line, needle):
+    # `] ` anywhere once cut the line: "invalid shape [1, 3] aborting" was looked for as
+    # "aborting", and a library that printed any "aborting" reproduced it
+    assert read_message(line).needle == needle
+
+
+def test_a_quoted_undefined_symbol_line_names_the_symbol_without_the_quote():
+    message = read_message("UserWarning: Failed to load image Python extension: "
+                           "'/x/image.so: undefined symbol: _ZN3c1017RegisterOperatorsD1Ev'If "
+                           "you don't plan on using image functionality, you can ignore this.")
+    assert (message.signature, message.op) == ("undefined-symbol",
+                                               "_ZN3c1017RegisterOperatorsD1Ev")
+
+
+def test_a_symbol_lookup_error_line_is_read_as_such_not_as_an_undefined_symbol():
+    message = read_message("python: symbol lookup error: /x/libinner.so: undefined symbol: fx_x")
+    assert (message.signature, message.op) == ("symbol-lookup-error", "fx_x")
+
+
+def test_a_test_runner_s_count_of_errors_is_no_abort_line():
+    message = read_message("collected 12 items; 0 errors\nloading plugins\n"
+                           "terminate called after throwing an instance of 'std::logic_error'\n")
+    assert message.needle.startswith("terminate called")
+    assert read_message("RuntimeError: widget table corrupt\n").needle.startswith("RuntimeError")
+
+
+def test_a_static_tls_line_from_another_machine_names_its_library_by_file_name(tmp_path):
+    # the op is a path: it was looked for as bytes in every library, found in none, and the
+    # line was "not reproduced" at once, even loadfuzz's own
+    line = "/home/someone/venv/lib/libfx_static_tls_b.so: cannot allocate memory in static TLS block"
+    done = loadfuzz("repro", line, FIXTURES / "signatures", "--out", tmp_path / "out", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout)
+    assert result["signature"] == "glibc-static-tls" and result["candidates"][0] == (
+        "libfx_static_tls_b.so")
+    assert [s["lib"] for s in result["record"]["sequence"]] == ["libfx_static_tls_a.so",
+                                                               "libfx_static_tls_b.so"]
+
+
+def test_a_log_saved_with_a_byte_order_mark_is_read_without_its_first_time_stamp(tmp_path):
+    aborting_after(tmp_path / "libs", "fatal: widget table corrupt\\n")
+    log = tmp_path / "crash.log"
+    log.write_bytes(b"\xef\xbb\xbf2026-12-05T04:12:00.1234567Z fatal: widget table corrupt\r\n")
+    done = loadfuzz("repro", "--log", log, tmp_path / "libs", "--out", tmp_path / "out", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["message"] == "fatal: widget table corrupt"
+
+
+def test_a_message_the_terminal_cannot_show_is_escaped_once_reproduced_never_exit_3(tmp_path):
+    aborting_after(tmp_path / "libs", "fatal: widget table corrupt \\u2713\\n")
+    done = subprocess.run([str(LOADFUZZ), "repro", "fatal: widget table corrupt \u2713",
+                           tmp_path / "libs", "--out", tmp_path / "out"], capture_output=True,
+                          env={**__import__("os").environ, "PYTHONIOENCODING": "ascii"},
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert b"corrupt \\u2713" in done.stdout
+
+
+def test_a_log_file_given_as_the_message_is_bad_input_that_says_to_use_log(tmp_path):
+    log = tmp_path / "crash.log"
+    log.write_text(ET_LINE)
+    done = loadfuzz("repro", log, "executorch", "--out", tmp_path / "out")
+    assert done.returncode == 2 and f"give --log {log}" in done.stderr, done.stderr
+    assert not (tmp_path / "out").exists()

@@ -74,6 +74,11 @@ SAME_STOP_S = 2.0
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     stopped = stop_on_signals()
+    # What is printed may hold what the output's encoding cannot (a message's bytes that are
+    # not UTF-8, a library path, under an ASCII locale): escaped, never an error once the
+    # work is done and its results written.
+    with contextlib.suppress(AttributeError, ValueError):  # not a text stream (a test's)
+        sys.stdout.reconfigure(errors="backslashreplace")
     try:
         args = build_parser().parse_args(words)
         args.invocation = words

@@ -231,6 +231,9 @@ def message_of(args: argparse.Namespace) -> tuple[str, list[str]]:
         if not args.words:
             raise UsageError("give either a MESSAGE or --log FILE")
         if args.words[0] != "-":
+            if Path(args.words[0]).is_file():  # `repro crash.log TARGET`: looked for as text
+                raise UsageError(f"the message {args.words[0]!r} names a file: to read a log, "
+                                 f"give --log {args.words[0]}")
             return args.words[0], args.words[1:]
         args.log, args.words = Path("-"), args.words[1:]  # `-` as MESSAGE: as `--log -`
     if len(args.words) > 1:  # a message beside --log reads as a first target that is none
@@ -240,10 +243,12 @@ def message_of(args: argparse.Namespace) -> tuple[str, list[str]]:
             targets.locate(args.words[0])
         except UsageError:
             raise UsageError("give either a MESSAGE or --log FILE (not both)") from None
+    # utf-8-sig: a byte order mark (as some editors save a log) would hide the first line's
+    # time stamp from `repro.unprefixed`
     if str(args.log) == "-":
-        return sys.stdin.buffer.read().decode("utf-8", "replace"), args.words
+        return sys.stdin.buffer.read().decode("utf-8-sig", "replace"), args.words
     try:
-        return args.log.read_text(encoding="utf-8", errors="replace"), args.words
+        return args.log.read_text(encoding="utf-8-sig", errors="replace"), args.words
     except OSError as exc:
         raise UsageError(f"--log {args.log}: {exc.strerror or exc}") from None
 

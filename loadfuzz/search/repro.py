@@ -26,6 +26,7 @@ import re
 import signal
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import Any
 
 from loadfuzz import predict, report
@@ -40,7 +41,10 @@ from loadfuzz.search.shrink import simplify
 
 MOST_TRIALS = 2000  # a bound on the orders tried before giving up
 MODES = (Flags.LOCAL, Flags.GLOBAL, Flags.PYTHON)  # every way to load a candidate, simplest first
-ABORT_WORDS = ("abort", "terminate", "fatal", "error", "re-registering", "registered")
+# What makes a line of a log telling (any case): `error` but not `errors` (a test runner's
+# "collected 12 items; 0 errors" is no abort line; a RuntimeError's is).
+ABORT_WORDS = re.compile(r"abort|terminate|fatal|error(?!s)|re-registering|registered",
+                         re.IGNORECASE)
 # What a CI log adds to the lines a process printed: colour codes, and a time stamp in front
 # of each line (GitHub Actions: `2026-12-05T04:12:00.1234567Z `).
 COLOUR = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -64,6 +68,11 @@ CRASHES = ((re.compile(r"Segmentation fault"), signal.SIGSEGV),
            (re.compile(r"Floating point exception"), signal.SIGFPE))
 ABORTED = re.compile(r"\bAborted\b")
 SPACE = re.compile(r"\s+")
+# A log prefix that ends in `] `, and only at the start of a line: glog's and ExecuTorch's
+# (`E1205 04:12:00.123456 4242 registry.cc:102] `, `E 00:00:01.634411 executorch:x.cpp:102] `)
+# or a bracketed one (`[2026-12-05 04:12:00] `, `[ERROR] `). Never a `] ` inside the message
+# (`what():  invalid shape [1, 3] aborting`).
+LOG_PREFIX = re.compile(r"^\s*(?:[IWEFD] ?[\d:. ]*\d[^\]\n]*?:\d+\]|\[[^\]\n]*\])\s+")
 WORD = re.compile(r"[^\W_]{3}")  # what a message must hold to be looked for: 3 letters or digits
 
 
@@ -81,12 +90,13 @@ class Message:
     signature: str | None  # None: no signature of the catalogue matched
     op: str | None
     signal: int | None = None  # a crash line without a message: the signal that killed it
+    op_is_file: bool = False  # `op` is a library's path (see `Signature.op_is_file`)
 
     def matches(self, record: TrialRecord) -> bool:
         if record.clean:
             return False
         if self.signature is not None:
-            return (record.signature, record.op) == (self.signature, self.op)
+            return record.signature == self.signature and self.same_op(record.op)
         if self.signal is not None:
             return record.signal == self.signal
         # Anywhere in what the trial printed, not only its one-line detail: an abort's own line
@@ -95,6 +105,13 @@ class Message:
         needle = plain(self.needle)
         return needle in plain(record.detail) or needle in plain(record.printed)
 
+    def same_op(self, op: str | None) -> bool:
+        """Whether a trial's `op` is the message's: a library path by its file name (the
+        log may come from another machine, where the library lay elsewhere)."""
+        if self.op_is_file and op is not None and self.op is not None:
+            return PurePosixPath(op).name == PurePosixPath(self.op).name
+        return op == self.op
+
     @property
     def needle(self) -> str:
         """For an unknown line: its text without the log prefix (time stamps differ)."""
@@ -102,7 +119,9 @@ class Message:
 
 
 def needle_of(line: str) -> str:
-    return line.split("] ", 1)[-1].strip()[:120]
+    """A line as it is looked for: without a log prefix that ends in `] `, its first 120
+    characters."""
+    return LOG_PREFIX.sub("", line, count=1).strip()[:120]
 
 
 def unprefixed(line: str) -> tuple[str, bool]:
@@ -127,7 +146,7 @@ def read_message(text: str) -> Message:
         found = sig.search(text)
         if found:
             op, line = found
-            return Message(line, sig.name, op)
+            return Message(line, sig.name, op, op_is_file=sig.op_is_file)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if not lines:
         raise UsageError("the message is empty: give the abort line, or --log FILE")
@@ -141,7 +160,7 @@ def read_message(text: str) -> Message:
         if crashed is not None:
             return Message(crashed, None, None, int(signum))
     telling = [line for line in lines
-               if line in serious or any(w in line.lower() for w in ABORT_WORDS)]
+               if line in serious or ABORT_WORDS.search(line)]
     aborted = [line for line in telling if ABORTED.search(line)]
     if aborted and len(aborted) == len(telling):  # nothing but "Aborted (core dumped)"
         return Message(aborted[0], None, None, int(signal.SIGABRT))
@@ -152,8 +171,16 @@ def carriers(inv: Inventory, message: Message) -> list[Library]:
     """The libraries that register the operator (by their registrations or by its bytes)."""
     if message.op is None:
         return list(inv.libraries)
+    if message.op_is_file:  # the library it names (by file name), then every other: what
+        named = named_in(inv, message)  # was loaded before it is what made it fail
+        return named + [lib for lib in inv.libraries if lib not in named] if named else []
     return [lib for lib in inv.libraries
             if message.op in lib.registers or carries_op(lib.path, message.op)]
+
+
+def named_in(inv: Inventory, message: Message) -> list[Library]:
+    """The libraries a message whose `op` is a library's path names (none for another)."""
+    return [lib for lib in inv.libraries if message.op_is_file and message.same_op(str(lib.path))]
 
 
 def candidates_of(inv: Inventory, message: Message) -> list[Library]:
@@ -177,12 +204,16 @@ def same_collision(message: Message, record: TrialRecord, candidates: Sequence[L
     return steps[-1] in ids and any(lib in ids and lib != steps[-1] for lib in steps[:-1])
 
 
-def orders(inv: Inventory, candidates: Sequence[Library]) -> Iterator[Steps]:
-    """Candidate load orders, simplest and predicted-to-collide first."""
+def orders(inv: Inventory, candidates: Sequence[Library],
+           last: Sequence[Library] = ()) -> Iterator[Steps]:
+    """Candidate load orders, simplest and predicted-to-collide first (with `last`, the
+    library a message names, the pairs that end with it first)."""
     options = step_options(candidates, MODES)
     singles = [(o,) for o in options]
     pairs = [(a, b) for a, b in itertools.product(options, repeat=2) if a.lib != b.lib]
-    pairs.sort(key=lambda seq: predict.replay(inv, seq).clean)  # predicted collisions first
+    ends = {lib.id for lib in last}
+    pairs.sort(key=lambda seq: (bool(ends) and seq[-1].lib not in ends,
+                                predict.replay(inv, seq).clean))  # predicted collisions first
     yield from singles
     yield from pairs
     others = [dlopen(lib, Flags.GLOBAL) for lib in inv.libraries]
@@ -214,7 +245,8 @@ def reproduce(campaign: Prepared, message: Message, watcher: Watcher) -> dict[st
     try:
         with campaign.trials(candidates or inv.libraries, keep_printed=True) as trials:
             run = RunOnce(trials, campaign.folder, watcher)
-            work = itertools.islice(orders(inv, candidates), MOST_TRIALS) if candidates else ()
+            work = itertools.islice(orders(inv, candidates, named_in(inv, message)),
+                                    MOST_TRIALS) if candidates else ()
             first = None
             with contextlib.closing(run.in_order(work, campaign.settings.run.jobs)) as records:
                 for record in records:
