@@ -262,6 +262,7 @@ class Bench:
                              f"verdicts {'identical' if identical else 'DIFFER'}"))
         if target == "executorch":
             self.floor_lines(target, records, summary, lf_s)
+        self.work_line(records, summary, lf_s, plain_s)
 
     def floor_lines(self, target: str, records: list[dict], summary: dict, lf_s: float) -> None:
         floor = floor_per_trial(target)
@@ -279,6 +280,19 @@ class Bench:
             f"row_start_s={servers['row_start_s']:.2f} "
             f"rows_not_shared={sum(servers['rows_not_shared'].values())} "
             f"trials_s={in_run_s:.2f} outside_trials_s={lf_s - in_run_s:.2f}")
+
+    def work_line(self, records: list[dict], summary: dict, lf_s: float, plain_s: float) -> None:
+        """What the child processes did (fork servers started, row servers' first steps, the
+        trials themselves), and the time it would take on every core were it packed with no
+        gap and loadfuzz's own process free: how far the command is from its own work."""
+        servers = summary["servers"]
+        trials_s = sum(r["duration_s"] for r in records)
+        work_s = trials_s + servers["server_start_s"] + servers["row_start_s"]
+        packed_s = work_s / CORES
+        say(f"    children's work: trials {trials_s:.2f} s + servers started "
+            f"{servers['server_start_s']:.2f} s + rows' first steps {servers['row_start_s']:.2f} s"
+            f" = {work_s:.2f} s; on {CORES} cores with no gap {packed_s:.2f} s = "
+            f"{plain_s / packed_s:.1f}x the plain way (the command: {lf_s:.2f} s)")
 
     def fuzz(self) -> None:
         out = self.folder("fuzz")
@@ -302,9 +316,26 @@ class Bench:
             f"(its summary; {len(records) / lf_s:.1f} over the whole {lf_s:.1f} s command, exit {status})  "
             f"plain {plain_rate:.1f} trials/s ({ran} of its trials in {plain_s:.1f} s)  "
             f"loadfuzz/plain {rate / plain_rate:.1f}x")
+        self.fuzz_ceiling(records, plain_rate)
         self.summary.append((f"fuzz executorch {budget}", f"{rate:.1f} trials/s",
                              f"{plain_rate:.1f} trials/s", f"{rate / plain_rate:.1f}x",
                              f"command {lf_s:.0f} s for a {budget} budget"))
+
+    def fuzz_ceiling(self, records: list[dict], plain_rate: float) -> None:
+        """Where a fuzz campaign's trial time goes: in the trials with a Python step, which
+        imports what the step imports (torch: 1.5 s) in the trial itself, as CPython does,
+        unless the step comes first and imports torch first (`run/warm.py`). With every other
+        trial free, the campaign could go no faster than those on every core."""
+        def python(record: dict) -> bool:
+            return any(s["kind"] != "dlopen" or s["flags"] == "python" for s in record["sequence"])
+
+        total_s = sum(r["duration_s"] for r in records)
+        slow = [r for r in records if python(r)]
+        slow_s = sum(r["duration_s"] for r in slow)
+        ceiling = len(records) / (slow_s / CORES) if slow_s else float("inf")
+        say(f"    where the time goes: {len(slow)} of {len(records)} trials have a Python step, "
+            f"{slow_s:.1f} of the {total_s:.1f} s their trials took; were every other trial "
+            f"free, at most {ceiling:.1f} trials/s = {ceiling / plain_rate:.1f}x the plain way")
 
     def scan(self) -> None:
         env = dict(os.environ, XDG_CACHE_HOME=str(self.folder("cache")))
