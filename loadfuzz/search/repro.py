@@ -168,11 +168,12 @@ def read_message(text: str) -> Message:
 
 
 def carriers(inv: Inventory, message: Message) -> list[Library]:
-    """The libraries that register the operator (by their registrations or by its bytes)."""
+    """The libraries that register the operator (by their registrations or by its bytes);
+    for an `op` that is a library's path, that library and then every other."""
     if message.op is None:
         return list(inv.libraries)
-    if message.op_is_file:  # the library it names (by file name), then every other: what
-        named = named_in(inv, message)  # was loaded before it is what made it fail
+    if message.op_is_file:  # what was loaded before the library it names made it fail
+        named = named_in(inv, message)
         return named + [lib for lib in inv.libraries if lib not in named] if named else []
     return [lib for lib in inv.libraries
             if message.op in lib.registers or carries_op(lib.path, message.op)]
