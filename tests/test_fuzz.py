@@ -409,3 +409,67 @@ def test_the_steps_of_a_failed_trial_up_to_its_failed_one_are_answered_under_the
     assert cut.sequence == (a, b) and (cut.outcome, cut.step, cut.op) == (
         longer.outcome, longer.step, longer.op)
     assert cut.repro == trials.repro((a, b)) and "libcz_registry" not in cut.repro
+
+
+def test_neighbouring_seeds_share_no_round():
+    # a nightly job seeds with its run number: with `seed + r`, night N+1's round r was
+    # night N's round r+1, and 82% of its sequences the night before's
+    from loadfuzz.search.workers import round_seed
+
+    def rounds(seed):
+        return {round_seed(seed, worker, number) for worker in range(4) for number in range(500)}
+
+    assert len(rounds(41)) == 2000 and not rounds(41) & rounds(42)
+    assert round_seed(41, 1, 7) == round_seed(41, 1, 7)  # still one search per seed
+
+
+def test_a_finding_whose_database_entry_was_cut_short_is_saved_again(tmp_path):
+    # Hypothesis never writes over an entry's file: an empty one (a kill mid-write, a partial
+    # cache restore) kept that finding out of the database for good
+    db = tmp_path / "db"
+    common = ("fuzz", CORPUS, "--select", "libcz_pair_*", "--flags", "local", "--budget", "1s",
+              "--db", db)
+    assert json.loads(loadfuzz(*common, "--out", tmp_path / "1", "--json").stdout)["findings"]
+    entries = [p for p in db.rglob("*") if p.is_file() and p.parent.name != "metakeys"
+               and p.read_bytes().startswith(b"[")]
+    assert entries
+    for entry in entries:
+        entry.write_bytes(b"")
+    second = json.loads(loadfuzz(*common, "--out", tmp_path / "2", "--json").stdout)
+    assert not any("could not save" in w for w in second["warnings"]), second["warnings"]
+    assert all(entry.read_bytes().startswith(b"[") for entry in entries)
+    third = json.loads(loadfuzz(*common, "--out", tmp_path / "3", "--json").stdout)
+    assert not any(w.startswith(f"--db {db}") for w in third["warnings"]), third["warnings"]
+    assert {f["phase"] for f in third["found"]} == {"replay"}
+
+
+STOPPED_AFTER_A_PHASE = """
+import sys
+from loadfuzz.cli import main
+from loadfuzz.search import fuzz
+real, calls = fuzz.run_work, []
+def stopped_after_the_second(*args, **kwargs):  # the predicted phase's trials, then Ctrl-C
+    records = real(*args, **kwargs)
+    calls.append(1)
+    if len(calls) == 2:
+        raise KeyboardInterrupt
+    return records
+fuzz.run_work = stopped_after_the_second
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_campaign_stopped_before_a_phase_took_in_its_trials_still_reports_them(tmp_path):
+    # the partial summary said "no trial ran" beside a trials.jsonl of failures
+    out = tmp_path / "out"
+    done = subprocess.run([str(LOADFUZZ.with_name("python")), "-c", STOPPED_AFTER_A_PHASE,
+                           "fuzz", str(CORPUS), "--select", "libcz_pair_*", "--budget", "1m",
+                           "--db", str(tmp_path / "db"), "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 130, done.stderr
+    lines = (out / "trials.jsonl").read_text().splitlines()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["incomplete"] and summary["trials"] == len(lines) > 0
+    assert summary["findings"] and {f["phase"] for f in summary["found"]} == {"stopped"}
+    assert summary["max_len"] == 4 and summary["db"] == str(tmp_path / "db")
+    assert "no trial ran" not in (out / "report.md").read_text()

@@ -141,9 +141,16 @@ def remember(inv: Inventory, db: DirectoryBasedExampleDatabase,
     cannot make without a word)."""
     values = [json.dumps([s.to_json() for s in record.sequence], sort_keys=True).encode()
               for record in records]
+    key = database_key(inv)
     for value in values:
-        db.save(database_key(inv), value)
-    kept = set(db.fetch(database_key(inv))) if values else set()
+        db.save(key, value)
+    kept = set(db.fetch(key)) if values else set()
+    for value in [value for value in values if value not in kept]:
+        # a file of its name whose content was cut short (a kill mid-write, a partial cache
+        # restore): Hypothesis never writes over one, so it is removed and written again
+        db.delete(key, value)
+        db.save(key, value)
+        kept |= set(db.fetch(key))
     return sum(value not in kept for value in values)
 
 
@@ -200,10 +207,20 @@ def run_fuzz(campaign: Prepared, options: FuzzOptions, watcher: Watcher,
                 confirmed = confirm_all(findings, trials, settings_.run.jobs)
             except BaseException:
                 trials.close()
-                kept = list(findings.found.values())
+                # every trial that reached trials.jsonl, though a phase stopped before it
+                # learned them; a failure not simplified yet is kept as it is
+                records = list(campaign.folder.records.values())
+                for record in records:
+                    if not record.clean and not findings.known(record):
+                        findings.found[Identity.of(record)] = record
+                        findings.origins.setdefault(Identity.of(record), ("stopped", round(
+                            time.monotonic() - findings.started, 2)))
+                kept = sorted(findings.found.values(),
+                              key=lambda record: simplicity(record.sequence, findings.options))
                 remember(inv, db, kept)  # unconfirmed: the next campaign's replay confirms them
-                write_partial(campaign, list(runs.values()), kept, trials, started,
+                write_partial(campaign, records, kept, trials, started,
                               time.monotonic() - clock, "finding", seed=base_seed,
+                              max_len=options.max_len, db=str(options.db),
                               warnings=warnings, found=found_entries(findings, kept),
                               **search.summary(trials, findings.run.recalled))
                 raise

@@ -25,6 +25,7 @@ next trial, and its fork servers end when its pipes close.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import pickle
 import queue
@@ -333,13 +334,21 @@ def work(assignment: Assignment, inbox: Inbox, outbox: Outbox, news: list[tuple]
         number = 0
         while time.monotonic() < plan.until:
             rounds.elsewhere.update(found_elsewhere())
-            seed = plan.seed + 1_000_003 * assignment.index + number
+            seed = round_seed(plan.seed, assignment.index, number)
             for failure in rounds.round(seed, assignment.first, plan.max_len, plan.until):
                 outbox.send("failure", failure)
             number += 1
         outbox.send("done", {"rounds": number, "recalled": rounds.run.recalled,
                              "usage": trials.usage.to_json(),
                              "preload": [str(step.path) for step in trials.preload]})
+
+
+def round_seed(seed: int, worker: int, number: int) -> int:
+    """The seed of round `number` of worker `worker` in a campaign seeded `seed`: a hash of
+    the three, so that no two campaigns share a round (a nightly job seeded with its run
+    number, `seed + r` would make night N+1's round r night N's round r+1)."""
+    digest = hashlib.blake2b(f"{seed}:{worker}:{number}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
 
 
 def stop_on_sigterm() -> threading.Event:
