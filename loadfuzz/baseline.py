@@ -19,6 +19,7 @@ campaign, another shard's work, a sequence the search did not draw).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,11 +61,12 @@ class Baseline:
     summary: Mapping[str, Any]
 
     @classmethod
-    def read(cls, folder: Path) -> Baseline:
-        """The summary.json of a finished, whole matrix or fuzz campaign; UsageError if not."""
+    def read(cls, folder: Path, where: str | None = None) -> Baseline:
+        """The summary.json of a finished, whole matrix or fuzz campaign; UsageError if not,
+        naming it as `where` (by default as the --baseline option)."""
         from loadfuzz.results import finished_summary  # with the report writers: only when used
 
-        where = f"--baseline {folder}"
+        where = where or f"--baseline {folder}"
         if not folder.is_dir():
             raise UsageError(f"{where}: no such folder (give the results folder of an earlier "
                              "matrix or fuzz campaign)")
@@ -97,7 +99,7 @@ class Baseline:
         tried = {steps[:n] for steps in map(prefix, ran) for n in range(1, len(steps) + 1)}
         missing = [r for r in self.findings if identity(r) not in now]
         return {
-            "folder": str(self.folder),
+            "folder": os.path.abspath(self.folder),  # merge may run in another folder
             "version": self.summary.get("version"),
             "new": [dict(r) for r in findings if identity(r) not in before],
             "gone": [dict(r) for r in missing if prefix(r) in tried],

@@ -320,7 +320,8 @@ def whole_campaign_views(shards: Sequence[ShardFolder], findings: Sequence[dict]
         raise UsageError("the shards were not compared with one and the same --baseline ("
                          + ", ".join(sorted(str(f or "none") for f in folders)) + ")")
     if (folder := folders.pop()) is not None:
-        extra["baseline"] = Baseline.read(Path(folder)).compare(findings, records)
+        where = f"the shards' --baseline {folder} (merge compares the whole campaign with it)"
+        extra["baseline"] = Baseline.read(Path(folder), where).compare(findings, records)
     return extra
 
 
@@ -345,7 +346,13 @@ def merged_summary(shards: Sequence[ShardFolder], folders: Sequence[Path], out: 
                  "rounds": sum(shard.summary.get("rounds", 0) for shard in shards),
                  "recalled": sum(shard.summary.get("recalled", 0) for shard in shards),
                  "max_len": first.get("max_len"), "db": dbs.pop() if len(dbs) == 1 else None,
-                 "found": found}
+                 "found": found,
+                 # each shard's search ran on its own machine's cores, at its own time
+                 "jobs": sum(shard.summary.get("jobs", 0) for shard in shards),
+                 "search_s": max((shard.summary.get("search_s", 0.0) for shard in shards),
+                                 default=0.0),
+                 "warnings": [f"shard {shard.shard}: {warning}" for shard in shards
+                              for warning in shard.summary.get("warnings", [])]}
     verdict = classified(findings, first["expectations"])
     extra |= whole_campaign_views(shards, findings, records)
     summary = {

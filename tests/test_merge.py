@@ -314,6 +314,11 @@ def test_fuzz_shards_keep_one_finding_per_identity(tmp_path):
     assert set(identities) == {identity(r) for s in summaries for r in s["findings"]}
     assert [f["sequence"] for f in merged["found"]] == [r["sequence"] for r in merged["findings"]]
     assert merged["rounds"] == sum(s["rounds"] for s in summaries) and merged["seed"] == 1
+    # the keys a fuzz summary has, for the whole campaign (they were missing)
+    assert merged["jobs"] == sum(s["jobs"] for s in summaries)
+    assert merged["search_s"] == max(s["search_s"] for s in summaries)
+    assert merged["warnings"] == [f"shard {k}/2: {w}" for k, s in enumerate(summaries, start=1)
+                                  for w in s["warnings"]]
     assert sequences(tmp_path / "merged") == sorted(set(sequences(shards[0]) + sequences(shards[1])))
     assert merged["trials"] == len(sequences(tmp_path / "merged"))
     script = subprocess.run(["sh", "-n", tmp_path / "merged" / "repro" / "001.sh"], check=False)
@@ -398,3 +403,24 @@ def test_python_mode_shards_with_environment_problems_merge_into_the_whole_campa
     if command[0] == "matrix":
         assert merged["trials"] == whole["trials"] == 2
         assert sequences(tmp_path / "merged") == sequences(tmp_path / "whole")
+
+
+def test_shards_given_a_relative_baseline_merge_from_any_folder(tmp_path):
+    # the shards kept --baseline as given ("last"), which merge read again from its own folder
+    corpus = ROOT / "build" / "fixtures" / "corpus"
+    (tmp_path / "ci").mkdir()
+    common = ("matrix", corpus, "--select", "libcz_pair_*", "--select", "libcz_quiet_*",
+              "--flags", "global")
+    assert loadfuzz(*common, "--out", "last", cwd=tmp_path / "ci").returncode == 1
+    for k in (1, 2):
+        done = loadfuzz(*common, "--shard", f"{k}/2", "--baseline", "last", "--out", f"s{k}",
+                        cwd=tmp_path / "ci")
+        assert done.returncode in (0, 1), done.stderr
+    done = loadfuzz("merge", "ci/s1", "ci/s2", "--out", "merged", "--json", cwd=tmp_path)
+    assert done.returncode in (0, 1), done.stderr
+    baseline = json.loads(done.stdout)["baseline"]
+    assert baseline["folder"] == str(tmp_path / "ci" / "last") and baseline["new"] == []
+    shutil.rmtree(tmp_path / "ci" / "last")  # a merge job without it says what it needs
+    done = loadfuzz("merge", "ci/s1", "ci/s2", "--out", "merged-2", cwd=tmp_path)
+    assert done.returncode == 2
+    assert f"the shards' --baseline {tmp_path / 'ci' / 'last'} (merge compares" in done.stderr
