@@ -214,8 +214,8 @@ def load_targets(names: Sequence[str], add: Sequence[Path] = (), env: bool = Fal
     from loadfuzz import targets
 
     reader = reader or ElfReader(ElfCache.default(), consulted)
-    found = ([targets.locate(name, reader.consulted) for name in names]
-             + (targets.environment(reader.consulted) if env else []))
+    installed, skipped = targets.environment(reader.consulted) if env else ([], [])
+    found = [targets.locate(name, reader.consulted) for name in names] + installed
     # A file is the first target's that has it: a target named twice (or by its name and its
     # folder, or by name and by --env) adds nothing, and one target after all keeps its own ids
     kept: list[tuple[int, dict[str, Path]]] = []  # (position in `found`, its files not seen yet)
@@ -240,7 +240,7 @@ def load_targets(names: Sequence[str], add: Sequence[Path] = (), env: bool = Fal
     name = "env" if env and not names else "+".join(labels)
     return build(" ".join([*names, *(["--env"] if env else [])]), name, None,
                  Path(os.path.commonpath(roots)) if roots else Path("/"), files, add,
-                 strict=False, reader=reader, labels=tuple(labels))
+                 strict=False, reader=reader, labels=tuple(labels), warnings=skipped)
 
 
 def load_libraries(paths: Sequence[Path], reader: ElfReader | None = None) -> Inventory:
@@ -252,9 +252,10 @@ def load_libraries(paths: Sequence[Path], reader: ElfReader | None = None) -> In
 
 def build(target: str, name: str, version: str | None, root: Path, files: Mapping[str, Path],
           add: Sequence[Path], strict: bool, reader: ElfReader | None = None,
-          labels: tuple[str, ...] = ()) -> Inventory:
+          labels: tuple[str, ...] = (), warnings: Sequence[str] = ()) -> Inventory:
+    """The inventory of these files (`warnings`: what reading the targets found already)."""
     reader = reader or ElfReader(ElfCache.default())
-    warnings: list[str] = []
+    warnings = list(warnings)
     chosen: dict[str, ElfFacts] = {}
     for lib_id, path in files.items():
         try:

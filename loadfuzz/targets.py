@@ -104,34 +104,60 @@ def installed_distribution(name: str, consulted: Consulted | None = None,
                 None)
     if dist is None:
         raise UsageError(f"no such file, directory or installed distribution: {name}")
-    return distribution_files(dist, name, consulted)
+    try:
+        return distribution_files(dist, name, consulted)
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"the installed distribution {name}: {not_utf8(dist, exc)}") from None
 
 
-def environment(consulted: Consulted | None = None) -> list[TargetFiles]:
+def not_utf8(dist: importlib.metadata.Distribution, exc: UnicodeDecodeError) -> str:
+    """What is wrong with a distribution whose METADATA or RECORD importlib cannot read."""
+    where = getattr(dist, "_path", None)  # its metadata folder, when importlib says
+    return (f"its metadata{f' in {where}' if where else ''} is not UTF-8 "
+            f"({exc.reason} at byte {exc.start})")
+
+
+def environment(consulted: Consulted | None = None) -> tuple[list[TargetFiles], list[str]]:
     """Every distribution installed in this environment that ships shared libraries, by name
     (`--env`); the first of two distributions with one name wins, as importlib has it. The
     environment is the import path a trial has (`hostenv.python_paths`): not loadfuzz's
-    working folder, nor PYTHONPATH, whether it runs as `loadfuzz` or `python -m loadfuzz`."""
+    working folder, nor PYTHONPATH, whether it runs as `loadfuzz` or `python -m loadfuzz`.
+    Also a warning for each distribution skipped because its metadata cannot be read."""
     if consulted is not None:
         consulted.note_import_path()
-    found, seen = [], set()
+    found, seen, skipped = [], set(), []
     for dist in importlib.metadata.distributions(path=hostenv.python_paths()):
-        name = dist.metadata["Name"]
-        if not name or name.lower() in seen:
-            continue
-        seen.add(name.lower())
-        recorded = recorded_parts(dist)
-        if consulted is not None:
-            note_metadata(dist, recorded, consulted)
-        if not any(parts and SO_FILE.fullmatch(parts[-1]) for parts in recorded):
-            continue
         try:
-            root, name, version, candidates = distribution_files(dist, name, consulted, recorded)
-        except UsageError:
-            continue  # it lists libraries but ships none here (symlinks, files outside it)
-        files = {posixpath.join(*p.relative_to(root).parts): p for p in candidates}
-        found.append(TargetFiles(name, name, version, root, files, single=False))
-    return sorted(found, key=lambda t: t.name.lower())
+            target = environment_target(dist, seen, consulted)
+        except UnicodeDecodeError as exc:  # one old package must not stop every --env campaign
+            skipped.append(f"skipped an installed distribution: {not_utf8(dist, exc)}")
+            if consulted is not None:  # its metadata mended, the next --env reads it again
+                note_metadata(dist, [], consulted)
+            continue
+        if target is not None:
+            found.append(target)
+    return sorted(found, key=lambda t: t.name.lower()), skipped
+
+
+def environment_target(dist: importlib.metadata.Distribution, seen: set[str],
+                       consulted: Consulted | None) -> TargetFiles | None:
+    """One distribution of `environment`: None unless it is the first of its name and ships
+    shared libraries (UnicodeDecodeError when its metadata is not UTF-8)."""
+    name = dist.metadata["Name"]
+    if not name or name.lower() in seen:
+        return None
+    seen.add(name.lower())
+    recorded = recorded_parts(dist)
+    if consulted is not None:
+        note_metadata(dist, recorded, consulted)
+    if not any(parts and SO_FILE.fullmatch(parts[-1]) for parts in recorded):
+        return None
+    try:
+        root, name, version, candidates = distribution_files(dist, name, consulted, recorded)
+    except UsageError:
+        return None  # it lists libraries but ships none here (symlinks, files outside it)
+    files = {posixpath.join(*p.relative_to(root).parts): p for p in candidates}
+    return TargetFiles(name, name, version, root, files, single=False)
 
 
 def distribution_files(dist: importlib.metadata.Distribution, name: str,

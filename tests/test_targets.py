@@ -233,3 +233,38 @@ def test_a_library_whose_name_holds_a_newline_is_found_and_loaded(tmp_path):
     summary = json.loads(done.stdout)
     assert sorted(summary["libraries"]) == ["lib\nnewline.so", "libplain.so"]
     assert summary["trials"] == 2 and summary["findings"] == []
+
+
+def fake_distribution(site, name, metadata: bytes, library=None):
+    """An installed distribution in `site`: its METADATA as given, and a RECORD."""
+    meta = site / f"{name}-1.0.dist-info"
+    meta.mkdir(parents=True)
+    (meta / "METADATA").write_bytes(metadata)
+    record = f"{name}-1.0.dist-info/METADATA,,\n"
+    if library is not None:
+        (site / name).mkdir()
+        shutil.copy(library, site / name / f"lib{name}.so")
+        record += f"{name}/lib{name}.so,,\n"
+    (meta / "RECORD").write_text(record)
+
+
+def test_a_distribution_whose_metadata_is_not_utf8_is_skipped_by_env_and_bad_input_by_name(
+        tmp_path, monkeypatch):
+    # importlib's UnicodeDecodeError made every --env command exit 3 (could not finish)
+    from loadfuzz import hostenv, inventory, targets
+    from loadfuzz.model import UsageError
+
+    site = tmp_path / "site-packages"
+    solo = ROOT / "build" / "fixtures" / "corpus" / "libcz_solo.so"
+    fake_distribution(site, "fxgood", b"Metadata-Version: 2.1\nName: fxgood\nVersion: 1.0\n",
+                      solo)
+    fake_distribution(site, "fxold", b"Metadata-Version: 2.1\nName: fxold\nVersion: 1.0\n"
+                      b"Summary: caf\xe9\n", solo)
+    monkeypatch.setattr(hostenv, "python_paths", lambda: [str(site)])
+    inv = inventory.load_targets([], env=True)
+    assert [lib.id for lib in inv.libraries] == ["fxgood-1.0/libfxgood.so"]
+    [warning] = inv.warnings
+    assert warning.startswith(f"skipped an installed distribution: its metadata in "
+                              f"{site / 'fxold-1.0.dist-info'} is not UTF-8 (")
+    with pytest.raises(UsageError, match=r"^the installed distribution fxold: its metadata"):
+        targets.locate("fxold")
