@@ -307,13 +307,16 @@ MOST_DISAGREEMENTS = 100  # listed in a summary; the count is always whole
 def agreement(inv: Inventory, records: Iterable[TrialRecord]) -> dict:
     """How the static prediction fared against what the trials did: the summary's `prediction`.
     A trial agrees when its outcome and operator are the predicted ones (clean when nothing
-    is predicted); the prediction names no crash, exit or timeout, so those always disagree."""
+    is predicted; a predicted load-error names no operator, so its outcome alone); the
+    prediction names no crash, exit or timeout, so those always disagree."""
     agree, disagree = 0, []
     by_confidence = {level: {"agree": 0, "disagree": 0} for level in CONFIDENCE}
     firsts: FirstSteps = {}
     for record in records:
         predicted = simulate(inv, record.sequence, firsts)[0]
-        agreed = (predicted.outcome, predicted.op) == (record.outcome, record.op)
+        agreed = predicted.outcome is record.outcome and (
+            predicted.op == record.op
+            or (predicted.outcome is Outcome.LOAD_ERROR and predicted.op is None))
         by_confidence[predicted.confidence]["agree" if agreed else "disagree"] += 1
         if agreed:
             agree += 1

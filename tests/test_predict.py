@@ -137,3 +137,18 @@ def test_on_the_torch_wheel_an_operator_of_the_dispatcher_s_own_library_is_a_men
     assert [p for p in predicted if (p["op"] or "").startswith("aten::")] == []
     assert sum(sum(tally.values()) for tally in prediction["by_confidence"].values()) == (
         summary["trials"])
+
+
+def test_a_predicted_missing_library_agrees_with_the_load_error_observed(tmp_path):
+    # a predicted load-error names no op, the observed one does: every such trial counted as
+    # a disagreement ("prediction: 0 of 2 trials ended as scan predicted")
+    from support import FIXTURES
+
+    folder = tmp_path / "libs"
+    folder.mkdir()
+    for name in ("libfx_needs_missing.so", "libfx_clean.so"):
+        (folder / name).write_bytes((FIXTURES / "hostile" / name).read_bytes())
+    done = loadfuzz("matrix", folder, "--flags", "global", "--out", tmp_path / "out", "--json")
+    summary = json.loads(done.stdout)
+    assert [r["outcome"] for r in summary["findings"]] == ["load-error", "load-error"]
+    assert summary["prediction"]["agree"] == 2 and summary["prediction"]["disagree"] == []
