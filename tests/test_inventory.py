@@ -3,6 +3,7 @@
 import json
 import shutil
 import struct
+import subprocess
 import zipfile
 
 import pytest
@@ -128,8 +129,19 @@ def truncated(path):
     return path
 
 
+def pie_executable(path):
+    """A program built -pie and named .so: ET_DYN like a library, but ld.so will not dlopen
+    it (it was listed as a library, and every trial of it was a load-error)."""
+    source = path.with_suffix(".c")
+    source.write_text("int main(void) { return 0; }\n")
+    subprocess.run(["gcc", "-pie", "-fPIE", "-o", str(path), str(source)], check=True)
+    source.unlink()
+    return path
+
+
 BAD_LIBRARIES = {
     "text named .so": (text_file, "not an ELF file"),
+    "pie executable": (pie_executable, "a position-independent executable"),
     "truncated": (truncated, "truncated"),
     "32-bit": (elf32, "32-bit"),
     "aarch64": (other_machine, "AARCH64"),

@@ -35,6 +35,7 @@ STB_GLOBAL, STB_WEAK, STB_GNU_UNIQUE = 1, 2, 10
 STV_PROTECTED = 3
 STT_FUNC = 2
 DF_SYMBOLIC = 0x2
+DF_1_PIE = 0x08000000  # DT_FLAGS_1: an executable built -pie, which ld.so will not dlopen
 # C++ names that are the standard library's, not a library's own API.
 STD_PREFIXES = ("_ZSt", "_ZNSt", "_ZNKSt", "_ZN9__gnu_cxx", "_ZNK9__gnu_cxx", "_ZT", "_ZGV")
 LOADER_HOOKS = frozenset({"_init", "_fini"})
@@ -190,6 +191,9 @@ def parse_facts(path: Path, elf: ELFFile, size: int, host: Machine) -> ElfFacts:
         return tuple(part for tag in tags.get(name, ()) for part in getattr(tag, attr).split(":")
                      if part)
 
+    if sum(tag.entry.d_val for tag in tags.get("DT_FLAGS_1", ())) & DF_1_PIE:
+        raise BadElf(f"{path}: a position-independent executable, not a shared library "
+                     "(dlopen refuses it)")
     flags = sum(tag.entry.d_val for tag in tags.get("DT_FLAGS", ()))
     symbols = dynamic_symbols(elf, dynsym)
     named = relocated_symbols(elf, dynsym)
