@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import itertools
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -91,10 +91,17 @@ def pairs(libraries: Iterable[Loadable], flags: Sequence[Flags], shard: Shard = 
     the first and the last) and share their first step (see `run.trials`).
     """
     libs = sorted(libraries, key=lambda lib: (lib.id, str(lib.path)))
-    every = ((mode, first, second)
-             for mode in flags for first in libs for second in libs if first.id != second.id)
     return [(load(first, mode), load(second, mode))
-            for mode, first, second in shard.block(every, pair_count(libs, flags))]
+            for mode, first, second in shard.block(ordered_pairs(libs, flags),
+                                                   pair_count(libs, flags))]
+
+
+def ordered_pairs(libraries: Iterable[Loadable], flags: Sequence[Flags],
+                  ) -> Iterator[tuple[Flags, Loadable, Loadable]]:
+    """(flags mode, first, second) of every pair, in the matrix's order."""
+    libs = sorted(libraries, key=lambda lib: (lib.id, str(lib.path)))
+    return ((mode, first, second)
+            for mode in flags for first in libs for second in libs if first.id != second.id)
 
 
 def pair_count(libraries: Sequence[Loadable], flags: Sequence[Flags]) -> int:

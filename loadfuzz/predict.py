@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from loadfuzz.elf.read import LOADER_HOOKS, STD_PREFIXES, ElfFacts
 from loadfuzz.inventory import Inventory, Library
 from loadfuzz.model import Flags, Outcome, Step, StepKind, TrialRecord
-from loadfuzz.plan import pairs
+from loadfuzz.plan import load
 from loadfuzz.registries import REGISTRY_BY_NAME, RegistryKind, qualified_name
 
 
@@ -245,9 +245,10 @@ def simulate(inv: Inventory, sequence: Sequence[Step], firsts: FirstSteps | None
     return clean_prediction(tuple(sequence), process, python), process
 
 
-def clean_prediction(sequence: tuple[Step, ...], process: Process, python: bool) -> Prediction:
-    """Nothing should fail: how sure that is, and why."""
-    kinds = {kind for kind, _ in process.registries}
+def clean_prediction(sequence: tuple[Step, ...], process: Process | None,
+                     python: bool) -> Prediction:
+    """Nothing should fail: how sure that is, and why (`process` None: nothing registered)."""
+    kinds = {kind for kind, _ in process.registries} if process is not None else set()
     if python:
         return Prediction(sequence, Outcome.CLEAN, confidence="low", evidence=(PYTHON_STEPS,))
     if not kinds:
@@ -267,10 +268,40 @@ def replay(inv: Inventory, sequence: Sequence[Step]) -> Prediction:
 
 def predict(inv: Inventory, libraries: Iterable[Library] | None = None,
             flags: Sequence[Flags] = (Flags.GLOBAL, Flags.LOCAL)) -> tuple[Prediction, ...]:
-    """Every ordered pair under each flags mode that should not run clean."""
-    libs = inv.libraries if libraries is None else libraries
-    found = (replay(inv, seq) for seq in pairs(libs, flags))
+    """Every ordered pair under each flags mode that should not run clean. A pair of quiet
+    libraries (`quiet`) runs clean without a replay: an environment of thousands of
+    libraries, most of them quiet, has millions of pairs."""
+    libs = sorted(inv.libraries if libraries is None else libraries,
+                  key=lambda lib: (lib.id, str(lib.path)))  # the order of `plan.pairs`
+    calm, firsts = quiet(inv, libs), {}
+    noisy = [lib for lib in libs if lib.id not in calm]
+    found = (simulate(inv, (load(first, mode), load(second, mode)), firsts)[0]
+             for mode in flags for first in libs
+             for second in (noisy if first.id in calm else libs) if second.id != first.id)
     return tuple(p for p in found if not p.clean)
+
+
+def calm_prediction(sequence: Sequence[Step], calm: frozenset[str]) -> Prediction | None:
+    """What `simulate` predicts of a load order of quiet libraries alone (`quiet`), without
+    the replay; None for any other."""
+    if not all(step.kind is not StepKind.MODULE and step.lib in calm for step in sequence):
+        return None
+    python = any(s.kind is not StepKind.DLOPEN or s.flags is Flags.PYTHON for s in sequence)
+    return clean_prediction(tuple(sequence), None, python)
+
+
+def quiet(inv: Inventory, libraries: Iterable[Library]) -> frozenset[str]:
+    """The ids of the libraries that load alone with every NEEDED name found, and whose
+    dependency closure holds no library that registers anything. A load order of quiet
+    libraries alone runs clean: nothing in it is missing (a library loaded before only
+    answers names), and nothing registers, so nothing collides."""
+    registering = {identity for identity, lib in inv.by_identity.items() if lib.registrations}
+    calm = set()
+    for lib in libraries:
+        order, missing = inv.link_map.search_list(inv.link_map.files[lib.path])
+        if not missing and not any(obj.identity in registering for obj in order):
+            calm.add(lib.id)
+    return frozenset(calm)
 
 
 def shared_definitions(first: ElfFacts, second: ElfFacts, limit: int = 8) -> tuple[str, ...]:
@@ -312,8 +343,10 @@ def agreement(inv: Inventory, records: Iterable[TrialRecord]) -> dict:
     agree, disagree = 0, []
     by_confidence = {level: {"agree": 0, "disagree": 0} for level in CONFIDENCE}
     firsts: FirstSteps = {}
+    calm = quiet(inv, inv.libraries)
     for record in records:
-        predicted = simulate(inv, record.sequence, firsts)[0]
+        predicted = calm_prediction(record.sequence, calm) or simulate(
+            inv, record.sequence, firsts)[0]
         agreed = predicted.outcome is record.outcome and (
             predicted.op == record.op
             or (predicted.outcome is Outcome.LOAD_ERROR and predicted.op is None))

@@ -7,6 +7,8 @@ from the ELF files alone and observed by `matrix`.
 
 import json
 
+import pytest
+
 from loadfuzz import inventory, predict
 from loadfuzz.model import Flags, Outcome, Step, StepKind
 from support import LEGACY_PLUGIN, PAIRS_WITH_PLUGIN, loadfuzz
@@ -152,3 +154,36 @@ def test_a_predicted_missing_library_agrees_with_the_load_error_observed(tmp_pat
     summary = json.loads(done.stdout)
     assert [r["outcome"] for r in summary["findings"]] == ["load-error", "load-error"]
     assert summary["prediction"]["agree"] == 2 and summary["prediction"]["disagree"] == []
+
+
+@pytest.mark.parametrize("target", ["executorch", "corpus", "hostile"])
+def test_pairs_of_quiet_libraries_are_predicted_without_a_replay_exactly_as_a_replay_would(
+        target):
+    # an environment of thousands of libraries has millions of pairs: scan of 3000 never ended
+    from loadfuzz.plan import pairs
+    from support import FIXTURES
+
+    inv = (inventory.load_target("executorch", [LEGACY_PLUGIN]) if target == "executorch"
+           else inventory.load_target(str(FIXTURES / target)))
+    every = pairs(inv.libraries, (Flags.GLOBAL, Flags.LOCAL, Flags.PYTHON))
+    replayed = [predict.replay(inv, seq) for seq in every]
+    assert predict.predict(inv, flags=(Flags.GLOBAL, Flags.LOCAL, Flags.PYTHON)) == tuple(
+        p for p in replayed if not p.clean)
+    calm = predict.quiet(inv, inv.libraries)
+    assert calm  # the shortcut is taken somewhere
+    for seq, full in zip(every, replayed, strict=True):
+        assert predict.calm_prediction(seq, calm) in (None, full)
+
+
+def test_predict_replays_only_the_pairs_that_hold_a_library_that_is_not_quiet(monkeypatch):
+    from support import FIXTURES
+
+    inv = inventory.load_target(str(FIXTURES / "hostile"))
+    calm = predict.quiet(inv, inv.libraries)
+    replayed = []
+    real = predict.simulate
+    monkeypatch.setattr(predict, "simulate", lambda inv, seq, firsts=None: (
+        replayed.append(seq), real(inv, seq, firsts))[1])
+    predict.predict(inv, flags=(Flags.GLOBAL,))
+    n, noisy = len(inv.libraries), len(inv.libraries) - len(calm)
+    assert 0 < noisy < n and len(replayed) == n * (n - 1) - (n - noisy) * (n - noisy - 1)
