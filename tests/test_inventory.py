@@ -207,3 +207,28 @@ def test_a_wheel_whose_entry_climbs_out_is_refused_and_writes_nothing_outside(tm
     assert not (tmp_path / "escaped.so").exists()
     assert not (tmp_path / "cache" / "escaped.so").exists()
     assert not list((tmp_path / "cache" / "loadfuzz" / "wheels").iterdir())
+
+
+def test_names_and_runpaths_relative_to_the_working_folder_are_missing_as_in_a_trial(tmp_path):
+    # both were resolved against loadfuzz's own folder (or the library's): scan said nothing
+    # was missing, and every trial was a load-error it had not predicted
+    libs = tmp_path / "libs"
+    (libs / "sub").mkdir(parents=True)
+    (libs / "outside").mkdir()
+
+    def build(output, source, *link):
+        (tmp_path / "x.c").write_text(source)
+        subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(output), str(tmp_path / "x.c"),
+                        *link], cwd=libs, check=True)
+
+    build(libs / "sub" / "libdep2.so", "int dep2(void) { return 2; }\n")
+    build(libs / "outside" / "libdep.so", "int dep(void) { return 1; }\n")
+    build(libs / "libslash.so", "int dep2(void); int slash(void) { return dep2(); }\n",
+          "sub/libdep2.so")  # no SONAME: DT_NEEDED is the path as linked
+    build(libs / "libuser.so", "int dep(void); int user(void) { return dep(); }\n",
+          "-Loutside", "-ldep", "-Wl,-rpath,outside", "-Wl,--enable-new-dtags")
+    done = loadfuzz("matrix", libs, "--select", "libslash.so", "--select", "libuser.so",
+                    "--flags", "global", "--out", tmp_path / "out", "--json", cwd=libs)
+    summary = json.loads(done.stdout)
+    assert {r["outcome"] for r in summary["findings"]} == {"load-error"}, done.stderr
+    assert summary["prediction"]["disagree"] == [] and summary["prediction"]["agree"] == 2

@@ -92,7 +92,11 @@ class SearchPath:
         origin = str(requester.path.parent)
 
         def expand(entries: Iterable[str]) -> Iterator[Path]:
-            return (Path(e.replace("${ORIGIN}", origin).replace("$ORIGIN", origin)) for e in entries)
+            # a relative entry is relative to the process's working folder: a trial's is an
+            # empty folder of its own, where nothing is found (not loadfuzz's)
+            found = (Path(e.replace("${ORIGIN}", origin).replace("$ORIGIN", origin))
+                     for e in entries)
+            return (folder for folder in found if folder.is_absolute())
 
         if not requester.runpath:
             yield from expand(requester.rpath)
@@ -101,9 +105,9 @@ class SearchPath:
         yield from self.system
 
     def find(self, requester: ElfFacts, name: str, reader: ElfReader) -> Path | None:
-        if "/" in name:
-            candidate = Path(os.path.abspath(requester.path.parent / name))
-            return candidate if reader.matches(candidate) else None
+        if "/" in name:  # a path, not searched for: relative to the process's working
+            candidate = Path(os.path.normpath(name))  # folder, a trial's empty one
+            return candidate if candidate.is_absolute() and reader.matches(candidate) else None
         for folder in self.folders(requester):
             reader.note(folder)  # a library added to it later would be found first
             candidate = Path(os.path.normpath(folder / name))
