@@ -194,7 +194,7 @@ def load_target(target: str, add: Sequence[Path] = (), reader: ElfReader | None 
     reader = reader or ElfReader(ElfCache.default(), consulted)
     found = targets.locate(target, reader.consulted)
     return build(target, found.name, found.version, found.root, found.files, add,
-                 strict=found.single, reader=reader)
+                 strict=found.single, reader=reader, warnings=found.notes)
 
 
 def load_targets(names: Sequence[str], add: Sequence[Path] = (), env: bool = False,
@@ -240,7 +240,8 @@ def load_targets(names: Sequence[str], add: Sequence[Path] = (), env: bool = Fal
     name = "env" if env and not names else "+".join(labels)
     return build(" ".join([*names, *(["--env"] if env else [])]), name, None,
                  Path(os.path.commonpath(roots)) if roots else Path("/"), files, add,
-                 strict=False, reader=reader, labels=tuple(labels), warnings=skipped)
+                 strict=False, reader=reader, labels=tuple(labels),
+                 warnings=[*skipped, *(note for target in found for note in target.notes)])
 
 
 def load_libraries(paths: Sequence[Path], reader: ElfReader | None = None) -> Inventory:

@@ -46,6 +46,7 @@ class TargetFiles:
     root: Path  # ids are paths relative to it
     files: Mapping[str, Path]  # id -> file
     single: bool  # one library given on its own: it must be readable
+    notes: tuple[str, ...] = ()  # warnings: what it lists but does not have
 
     @property
     def label(self) -> str:
@@ -60,6 +61,7 @@ def locate(target: str, consulted: Consulted | None = None) -> TargetFiles:
     path = Path(target)
     if consulted is not None:
         consulted.note(path)  # a folder of this name would be the target, not a distribution
+    notes: tuple[str, ...] = ()
     if path.is_dir():
         root, name, version = path.absolute(), path.absolute().name, None
         candidates = list(walk_libraries(root, consulted))
@@ -72,10 +74,10 @@ def locate(target: str, consulted: Consulted | None = None) -> TargetFiles:
     elif "/" in target or target.endswith((".whl", ".so")):
         raise UsageError(f"no such file or directory: {target}")
     else:
-        root, name, version, candidates = installed_distribution(target, consulted)
+        root, name, version, candidates, notes = installed_distribution(target, consulted)
     files = {posixpath.join(*p.relative_to(root).parts): p for p in candidates}
     single = path.is_file() and path.suffix != ".whl"
-    return TargetFiles(target, name, version, root, files, single)
+    return TargetFiles(target, name, version, root, files, single, notes)
 
 
 def walk_libraries(root: Path, consulted: Consulted | None = None) -> Iterator[Path]:
@@ -97,7 +99,7 @@ def package_root(base: Path, top_level: set[str]) -> Path:
 
 
 def installed_distribution(name: str, consulted: Consulted | None = None,
-                           ) -> tuple[Path, str, str | None, list[Path]]:
+                           ) -> tuple[Path, str, str | None, list[Path], tuple[str, ...]]:
     if consulted is not None:
         consulted.note_import_path()  # where importlib looks for the distribution
     dist = next(iter(importlib.metadata.distributions(name=name, path=hostenv.python_paths())),
@@ -153,19 +155,21 @@ def environment_target(dist: importlib.metadata.Distribution, seen: set[str],
     if not any(parts and SO_FILE.fullmatch(parts[-1]) for parts in recorded):
         return None
     try:
-        root, name, version, candidates = distribution_files(dist, name, consulted, recorded)
+        root, name, version, candidates, notes = distribution_files(dist, name, consulted,
+                                                                    recorded)
     except UsageError:
         return None  # it lists libraries but ships none here (symlinks, files outside it)
     files = {posixpath.join(*p.relative_to(root).parts): p for p in candidates}
-    return TargetFiles(name, name, version, root, files, single=False)
+    return TargetFiles(name, name, version, root, files, single=False, notes=notes)
 
 
 def distribution_files(dist: importlib.metadata.Distribution, name: str,
                        consulted: Consulted | None = None,
                        recorded: list[tuple[str, ...]] | None = None,
-                       ) -> tuple[Path, str, str | None, list[Path]]:
-    """(root, name, version, library files) of an installed distribution (`recorded`: its
-    `recorded_parts`, when already read)."""
+                       ) -> tuple[Path, str, str | None, list[Path], tuple[str, ...]]:
+    """(root, name, version, library files, warnings) of an installed distribution
+    (`recorded`: its `recorded_parts`, when already read); a library its RECORD lists that
+    is gone from the disk is a warning, not left out without a word."""
     recorded = recorded_parts(dist) if recorded is None else recorded
     records = [parts for parts in recorded if parts and ".." not in parts]
     base = Path(dist.locate_file(""))
@@ -177,11 +181,15 @@ def distribution_files(dist: importlib.metadata.Distribution, name: str,
         note_metadata(dist, recorded, consulted)
         for candidate in candidates:
             consulted.note(candidate)
+    gone = [p for p in candidates if not p.exists() and not p.is_symlink()]
     candidates = sorted(p for p in candidates if p.is_file() and not p.is_symlink()
                         and p.is_relative_to(root))
     if not candidates:
         raise UsageError(f"no ELF shared library in the installed distribution {name}")
-    return root, dist.metadata["Name"] or name, dist.version, candidates
+    name = dist.metadata["Name"] or name
+    notes = tuple(f"skipped {name}'s {p.relative_to(base) if p.is_relative_to(base) else p}: "
+                  "its RECORD lists it, but it is not on disk" for p in gone)
+    return root, name, dist.version, candidates, notes
 
 
 def note_metadata(dist: importlib.metadata.Distribution, recorded: list[tuple[str, ...]],

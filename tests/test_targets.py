@@ -268,3 +268,22 @@ def test_a_distribution_whose_metadata_is_not_utf8_is_skipped_by_env_and_bad_inp
                               f"{site / 'fxold-1.0.dist-info'} is not UTF-8 (")
     with pytest.raises(UsageError, match=r"^the installed distribution fxold: its metadata"):
         targets.locate("fxold")
+
+
+def test_a_library_a_distribution_lists_but_lost_is_a_warning_not_left_out_silently(
+        tmp_path, monkeypatch):
+    from loadfuzz import hostenv, inventory
+
+    site = tmp_path / "site-packages"
+    solo = ROOT / "build" / "fixtures" / "corpus" / "libcz_solo.so"
+    fake_distribution(site, "fxgone", b"Metadata-Version: 2.1\nName: fxgone\nVersion: 1.0\n",
+                      solo)
+    shutil.copy(solo, site / "fxgone" / "libsecond.so")
+    with (site / "fxgone-1.0.dist-info" / "RECORD").open("a") as record:
+        record.write("fxgone/libsecond.so,,\n")
+    (site / "fxgone" / "libsecond.so").unlink()  # deleted after install
+    monkeypatch.setattr(hostenv, "python_paths", lambda: [str(site)])
+    for inv in (inventory.load_target("fxgone"), inventory.load_targets([], env=True)):
+        assert [lib.id.rsplit("/", 1)[-1] for lib in inv.libraries] == ["libfxgone.so"]
+        assert inv.warnings == ("skipped fxgone's fxgone/libsecond.so: its RECORD lists it, "
+                                "but it is not on disk",)
