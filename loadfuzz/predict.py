@@ -130,7 +130,7 @@ class Process:
         self.arrived += [(obj, index) for obj in new]
         for obj in order:
             self.loaded.setdefault(obj.identity, obj)
-            for name in filter(None, (obj.soname, obj.path.name)):
+            for name in filter(None, (obj.soname, *self.needed_as(obj, order))):
                 self.by_name.setdefault(name, obj)
         for obj in self.init_order(new):
             ended = self.construct(index, obj, order)
@@ -140,6 +140,15 @@ class Process:
             known = {obj.identity for obj in self.global_scope}
             self.global_scope += [obj for obj in order if obj.identity not in known]
         return None
+
+    def needed_as(self, obj: ElfFacts, order: Sequence[ElfFacts]) -> list[str]:
+        """The NEEDED names under which this step loaded `obj`. With its SONAME, the names
+        a later NEEDED entry finds it by, as ld.so keeps them; never its file name: a library
+        opened by its path is found again only by its SONAME, or as the same file on disk."""
+        links, files = self.inv.link_map.links, self.inv.link_map.files
+        return [name for parent in order for name in parent.needed
+                if (path := links.get((parent.path, name))) is not None
+                and files[path].identity == obj.identity]
 
     def init_order(self, new: Sequence[ElfFacts]) -> list[ElfFacts]:
         """The order ld.so runs the constructors of the objects a step brought in (glibc's

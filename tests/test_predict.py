@@ -187,3 +187,28 @@ def test_predict_replays_only_the_pairs_that_hold_a_library_that_is_not_quiet(mo
     predict.predict(inv, flags=(Flags.GLOBAL,))
     n, noisy = len(inv.libraries), len(inv.libraries) - len(calm)
     assert 0 < noisy < n and len(replayed) == n * (n - 1) - (n - noisy) * (n - noisy - 1)
+
+
+def test_a_library_opened_by_its_path_is_not_found_again_by_its_file_name(tmp_path):
+    # ld.so answers a later NEEDED name from a loaded library by its SONAME, or as the same
+    # file found on disk; the prediction also matched file names: a copy without a SONAME
+    # loaded first was taken for the one a library needs (a confident collision that the
+    # trials did not have), and a NEEDED name nobody provides was taken as found
+    import subprocess
+
+    def build(output, source, *link):
+        output.parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "x.c").write_text(source)
+        subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(output), str(tmp_path / "x.c"),
+                        *link], check=True, cwd=output.parent)
+
+    libs = tmp_path / "libs"
+    build(libs / "x" / "libfoo.so", "int foo(void) { return 1; }\n")  # no SONAME
+    build(tmp_path / "elsewhere" / "libfoo.so", "int foo(void) { return 2; }\n")
+    build(libs / "libbar.so", "int foo(void); int bar(void) { return foo(); }\n",
+          f"-L{tmp_path / 'elsewhere'}", "-lfoo")  # no RUNPATH: libfoo.so is nowhere
+    done = loadfuzz("matrix", libs, "--out", tmp_path / "out", "--json")
+    summary = json.loads(done.stdout)
+    assert {r["outcome"] for r in summary["findings"]} == {"load-error"}, done.stderr
+    assert len(summary["findings"]) == 4  # libbar.so fails in every pair, first or second
+    assert summary["prediction"]["disagree"] == [], summary["prediction"]["disagree"]
