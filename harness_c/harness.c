@@ -222,7 +222,19 @@ static void write_all(int fd, const char *buf, size_t len) {
 
 /* ---- the child: perform the steps -------------------------------------- */
 
+/* The trial process: the only one that writes its trace. A process it forks (a library
+ * that daemonizes, or a child that returns into the constructor after a failed exec) goes
+ * on taking the steps with a copy of the trial's memory, the shared trace mapping too: what
+ * it writes goes to `elsewhere`, so it can neither end the trial's steps nor forge them. */
+static pid_t trial_pid;
+
+static struct trace *own_trace(struct trace *tr) {
+    static struct trace elsewhere;
+    return trial_pid == 0 || getpid() == trial_pid ? tr : &elsewhere;
+}
+
 static void set_error(struct trace *tr, const char *msg) {
+    tr = own_trace(tr);
     snprintf(tr->err, sizeof tr->err, "%s", msg ? msg : "unknown error");
 }
 
@@ -238,6 +250,7 @@ static int finalize_python(void) {
 
 /* The error a Python step reported: hex (so no byte of it can be lost on the way), decoded. */
 static void set_error_hex(struct trace *tr, const char *hex) {
+    tr = own_trace(tr);
     size_t n = 0;
     unsigned byte;
     for (; hex[0] && hex[1] && n + 1 < ERR_CAP && sscanf(hex, "%2x", &byte) == 1; hex += 2)
@@ -363,11 +376,28 @@ static int loader_report_fd(void) {
     return found;
 }
 
+/* HOME and TMPDIR: the trial's own working folder, as its cold run has them, so that what
+ * one trial leaves there (a marker, a cache) never reaches the next one a server forks. An
+ * interpreter the server started read them at its start: it is told too. */
+static const char PY_OWN_HOME[] =
+    "import os, sys\n"
+    "os.environ['HOME'] = os.environ['TMPDIR'] = os.getcwd()\n"
+    "if 'tempfile' in sys.modules: sys.modules['tempfile'].tempdir = None\n";
+
+static void own_home(const char *workdir) {
+    setenv("HOME", workdir, 1);
+    setenv("TMPDIR", workdir, 1);
+    int (*is_init)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "Py_IsInitialized");
+    int (*run)(const char *) = (int (*)(const char *))dlsym(RTLD_DEFAULT, "PyRun_SimpleString");
+    if (is_init && run && is_init()) run_apart(run, PY_OWN_HOME);
+}
+
 /* What every trial starts from: stdin from /dev/null, stdout and stderr on the
  * capture pipe, no other descriptor (a row server keeps its pipes, as 3 and 4;
  * an observed cold trial the loader's report file), its limits and its own
  * working folder. */
 static void enter_trial(const struct trial *t, struct trace *tr, int out_w, int ctl, int status) {
+    trial_pid = getpid();
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     setpgid(0, 0);
     int null = open("/dev/null", O_RDONLY);
@@ -390,23 +420,24 @@ static void enter_trial(const struct trial *t, struct trace *tr, int out_w, int 
         setrlimit(RLIMIT_AS, &as);
     }
     if (chdir(t->workdir) < 0) { set_error(tr, "cannot enter the working folder"); _exit(113); }
+    own_home(t->workdir);
 }
 
 /* Take the steps, keeping the trace; 0 once all are done, -1 when one failed. */
 static int take_steps(const struct trial *t, struct trace *tr) {
     for (int i = 0; i < t->nsteps; i++) {
         const struct step *s = &t->steps[i];
-        tr->stamp_ns = now_ns();
-        tr->started = i + 1;
+        own_trace(tr)->stamp_ns = now_ns();
+        own_trace(tr)->started = i + 1;
         if (s->mode == 'y') {
             if (run_python(s->path, 1, tr) < 0) return -1;
         } else if (!dlopen(s->path, RTLD_NOW | (s->mode == 'g' ? RTLD_GLOBAL : RTLD_LOCAL))) {
             set_error(tr, dlerror());
             return -1;
         }
-        tr->done = i + 1;
+        own_trace(tr)->done = i + 1;
     }
-    tr->stamp_ns = now_ns();
+    own_trace(tr)->stamp_ns = now_ns();
     return 0;
 }
 
@@ -610,7 +641,9 @@ static void run_row_server(const struct trial *t, struct trace *tr, int out_w, i
     prctl(PR_SET_CHILD_SUBREAPER, 1);
     int fds = count_entries("/proc/self/fd");
     unsigned handlers = fork_handlers;
-    if (take_steps(t, tr) < 0) { tr->row = ROW_REFUSED; _exit(0); }
+    int taken = take_steps(t, tr);
+    if (getpid() != trial_pid) _exit(0); /* a process the prefix forked never serves */
+    if (taken < 0) { tr->row = ROW_REFUSED; _exit(0); }
     const char *why = fork_handlers != handlers
         ? "the prefix registered a fork handler (pthread_atfork), which every trial would run"
         : unsharable(t, pipes, fds);

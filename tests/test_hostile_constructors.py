@@ -213,3 +213,60 @@ def test_a_server_whose_preload_registers_a_fork_handler_does_not_start():
         pass
     with Harness([HarnessStep("l", hostile("atfork_victim"))]):  # a load that registers none
         pass
+
+
+# --- what a trial leaves for the next, and what a process it forks can forge ---------------
+
+REMEMBERS_IN_HOME = """#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+/* trusts a marker in $HOME once its first load found no conflicting runtime */
+__attribute__((constructor)) static void probe(void) {
+    char marker[4096];
+    snprintf(marker, sizeof marker, "%s/.remembered-ok", getenv("HOME"));
+    if (access(marker, F_OK) == 0) return;
+    if (dlsym(RTLD_DEFAULT, "conflicting_runtime_marker")) { fputs("conflict\\n", stderr); abort(); }
+    FILE *f = fopen(marker, "w");
+    if (f) fclose(f);
+}
+"""
+DAEMONIZES = """#include <stdio.h>
+#include <stdlib.h>
+__attribute__((constructor)) static void detach(void) {
+    fputs("daemonizing\\n", stderr);
+    fflush(stderr);
+    daemon(1, 1);  /* the trial process _exit(0)s; its child goes on loading */
+}
+"""
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_what_one_trial_leaves_in_home_never_reaches_the_next(path, tmp_path):
+    # HOME and TMPDIR were the server's folder for its whole life: a marker an earlier trial
+    # left there turned a later trial's abort (its cold run's, a plain process's) into clean
+    from support import build
+
+    remembers = build(tmp_path, "remembers", REMEMBERS_IN_HOME, "-ldl")
+    conflict = build(tmp_path, "conflict", "int conflicting_runtime_marker(void) { return 1; }\n")
+    with trials_on(path, LIMITS) as trials:
+        alone = trials.run((step(remembers),))  # leaves its marker in its HOME
+        assert alone.outcome is Outcome.CLEAN, alone.detail
+        record = trials.run((step(conflict), step(remembers)))
+        assert (record.outcome, record.step) == (Outcome.ABORT, 1), record.detail
+        assert runner_of(trials).disagreements == []
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_library_that_daemonizes_exits_its_step_whatever_its_child_goes_on_to_do(
+        path, tmp_path):
+    # the child daemon() leaves goes on taking the steps with the trial's shared trace: the
+    # outcome was clean, or an exit blamed on a later step, at random
+    from support import build
+
+    daemonizes = build(tmp_path, "daemonizes", DAEMONIZES)
+    with trials_on(path, LIMITS) as trials:
+        for _ in range(5):
+            record = trials.run((step(CLEAN), step(daemonizes), step(CLEAN, Flags.LOCAL)))
+            assert (record.outcome, record.step, record.exit_code) == (Outcome.EXIT, 1, 0), (
+                record.detail)

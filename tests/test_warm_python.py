@@ -67,3 +67,19 @@ def test_a_python_preload_that_raises_is_refused_with_its_exception(trials):
     libpython = trials.warm.libpython
     with pytest.raises(HarnessDied, match="ModuleNotFoundError: No module named 'no_such_module'"):
         Harness([HarnessStep("g", libpython), HarnessStep("y", libpython, "import no_such_module")])
+
+
+def test_a_warm_interpreter_sees_the_trial_s_own_home_and_tmpdir_as_a_cold_one_does(trials):
+    # the server's interpreter read HOME and TMPDIR at its start: its trials all saw the
+    # server's folder, which the first of them could fill for the next
+    libpython = trials.warm.libpython
+    show = ("import os, tempfile\n"
+            "print(os.environ['HOME'] == os.environ['TMPDIR'] == os.getcwd() "
+            "== tempfile.gettempdir() == os.path.expanduser('~'))\n")
+    started = [HarnessStep("g", libpython),
+               HarnessStep("y", libpython, "import tempfile\ntempfile.gettempdir()\n")]
+    steps = [HarnessStep("g", libpython), HarnessStep("y", libpython, show)]
+    with Harness(started) as server:
+        warm = [server.run(steps, LIMITS, 1) for _ in range(2)]
+    cold = run_cold(steps, LIMITS, 1)
+    assert [run.output.strip() for run in (*warm, cold)] == [b"True"] * 3
