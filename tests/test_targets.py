@@ -248,19 +248,28 @@ def fake_distribution(site, name, metadata: bytes, library=None):
     (meta / "RECORD").write_text(record)
 
 
-def test_a_distribution_whose_metadata_is_not_utf8_is_skipped_by_env_and_bad_input_by_name(
-        tmp_path, monkeypatch):
+SOLO = ROOT / "build" / "fixtures" / "corpus" / "libcz_solo.so"
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    """A site-packages folder that is the whole environment loadfuzz sees."""
+    from loadfuzz import hostenv
+
+    folder = tmp_path / "site-packages"
+    monkeypatch.setattr(hostenv, "python_paths", lambda: [str(folder)])
+    return folder
+
+
+def test_a_distribution_whose_metadata_is_not_utf8_is_skipped_by_env_and_bad_input_by_name(site):
     # importlib's UnicodeDecodeError made every --env command exit 3 (could not finish)
-    from loadfuzz import hostenv, inventory, targets
+    from loadfuzz import inventory, targets
     from loadfuzz.model import UsageError
 
-    site = tmp_path / "site-packages"
-    solo = ROOT / "build" / "fixtures" / "corpus" / "libcz_solo.so"
     fake_distribution(site, "fxgood", b"Metadata-Version: 2.1\nName: fxgood\nVersion: 1.0\n",
-                      solo)
+                      SOLO)
     fake_distribution(site, "fxold", b"Metadata-Version: 2.1\nName: fxold\nVersion: 1.0\n"
-                      b"Summary: caf\xe9\n", solo)
-    monkeypatch.setattr(hostenv, "python_paths", lambda: [str(site)])
+                      b"Summary: caf\xe9\n", SOLO)
     inv = inventory.load_targets([], env=True)
     assert [lib.id for lib in inv.libraries] == ["fxgood-1.0/libfxgood.so"]
     [warning] = inv.warnings
@@ -270,19 +279,13 @@ def test_a_distribution_whose_metadata_is_not_utf8_is_skipped_by_env_and_bad_inp
         targets.locate("fxold")
 
 
-def test_a_library_a_distribution_lists_but_lost_is_a_warning_not_left_out_silently(
-        tmp_path, monkeypatch):
-    from loadfuzz import hostenv, inventory
+def test_a_library_a_distribution_lists_but_lost_is_a_warning_not_left_out_silently(site):
+    from loadfuzz import inventory
 
-    site = tmp_path / "site-packages"
-    solo = ROOT / "build" / "fixtures" / "corpus" / "libcz_solo.so"
     fake_distribution(site, "fxgone", b"Metadata-Version: 2.1\nName: fxgone\nVersion: 1.0\n",
-                      solo)
-    shutil.copy(solo, site / "fxgone" / "libsecond.so")
+                      SOLO)
     with (site / "fxgone-1.0.dist-info" / "RECORD").open("a") as record:
-        record.write("fxgone/libsecond.so,,\n")
-    (site / "fxgone" / "libsecond.so").unlink()  # deleted after install
-    monkeypatch.setattr(hostenv, "python_paths", lambda: [str(site)])
+        record.write("fxgone/libsecond.so,,\n")  # deleted after install
     for inv in (inventory.load_target("fxgone"), inventory.load_targets([], env=True)):
         assert [lib.id.rsplit("/", 1)[-1] for lib in inv.libraries] == ["libfxgone.so"]
         assert inv.warnings == ("skipped fxgone's fxgone/libsecond.so: its RECORD lists it, "
