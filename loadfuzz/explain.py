@@ -396,8 +396,10 @@ class Explainer:
         elsewhere = [str(lib.path) for lib in self.inv.libraries
                      if op in self.inv.link_map.files[lib.path].defines]
         providers = list(dict.fromkeys(loaded + elsewhere))
+        # the libraries in the process: a provider that is not (a later step's, which never
+        # ran) is named in the text, not said to be loaded
         carriers = tuple(self.carrier(record, objects, p) for p in [*filter(None, [needer]),
-                                                                     *providers[:3]])
+                                                                     *loaded[:3]])
         conditions = {"provider-known"} if providers else {"no-provider"}
         if loaded:
             conditions.add("provider-loaded-local")

@@ -292,3 +292,18 @@ def test_a_library_searched_for_an_operator_name_is_read_whole_or_cut_short_but_
                           text=True, timeout=60)
     assert done.returncode == 0, (done.returncode, done.stderr)
     assert done.stdout == f"{at == 0}\n"
+
+
+def test_a_provider_of_the_missing_symbol_that_never_loaded_is_not_said_to_be_loaded(tmp_path):
+    # the cause listed the second step's library as "loaded by step 0" in a trial that
+    # ended at step 0
+    from support import build
+
+    needs = build(tmp_path, "needs", "int fx_provided(void);\n"
+                                     "int fx_needs(void) { return fx_provided(); }\n")
+    provides = build(tmp_path, "provides", "int fx_provided(void) { return 1; }\n")
+    record = run_load_order(None, f"global:{needs}", f"global:{provides}")
+    assert (record.outcome.value, record.step, record.op) == ("load-error", 0, "fx_provided")
+    assert record.cause.kind == "missing-symbol"
+    assert [c.lib for c in record.cause.libraries] == [str(needs)]
+    assert "libprovides.so defines it" in record.cause.text
