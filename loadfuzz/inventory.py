@@ -258,13 +258,20 @@ def build(target: str, name: str, version: str | None, root: Path, files: Mappin
     reader = reader or ElfReader(ElfCache.default())
     warnings = list(warnings)
     chosen: dict[str, ElfFacts] = {}
+    first_name: dict[tuple[int, int], str] = {}  # a file's identity -> its first id
     for lib_id, path in files.items():
         try:
-            chosen[lib_id] = reader.facts(path)
+            facts = reader.facts(path)
         except BadElf as exc:
             if strict:
                 raise UsageError(str(exc)) from None
             warnings.append(f"skipped {lib_id}: {exc}")
+            continue
+        if (held := first_name.setdefault(facts.identity, lib_id)) != lib_id:
+            # one file under two names (hard links): one library, never paired with itself
+            warnings.append(f"skipped {lib_id}: the same file as {held} (a hard link)")
+            continue
+        chosen[lib_id] = facts
     for extra in add:
         lib_id = f"extra/{Path(extra).name}"
         if not Path(extra).is_file():

@@ -232,3 +232,20 @@ def test_names_and_runpaths_relative_to_the_working_folder_are_missing_as_in_a_t
     summary = json.loads(done.stdout)
     assert {r["outcome"] for r in summary["findings"]} == {"load-error"}, done.stderr
     assert summary["prediction"]["disagree"] == [] and summary["prediction"]["agree"] == 2
+
+
+def test_one_file_under_two_hard_linked_names_is_one_library_and_a_warning(tmp_path):
+    # it was two libraries, so the matrix paired the file with itself (as --add of a file the
+    # target holds would, which is refused)
+    import os
+
+    shutil.copy(QUANTIZED, tmp_path / "libone.so")
+    os.link(tmp_path / "libone.so", tmp_path / "libtwo.so")
+    shutil.copy(FIXTURES / "corpus" / "libcz_solo.so", tmp_path / "libother.so")
+    for inv in (inventory.load_target(str(tmp_path)),
+                inventory.load_targets([str(tmp_path / "libone.so"), str(tmp_path / "libtwo.so"),
+                                        str(tmp_path / "libother.so")])):
+        names = [lib.id.rsplit("/", 1)[-1] for lib in inv.libraries]
+        assert sorted(names) == ["libone.so", "libother.so"], names
+        assert any("the same file as" in w and "libtwo.so" in w for w in inv.warnings), (
+            inv.warnings)
