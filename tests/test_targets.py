@@ -233,6 +233,9 @@ def test_a_library_whose_name_holds_a_newline_is_found_and_loaded(tmp_path):
     summary = json.loads(done.stdout)
     assert sorted(summary["libraries"]) == ["lib\nnewline.so", "libplain.so"]
     assert summary["trials"] == 2 and summary["findings"] == []
+    table = loadfuzz("scan", folder).stdout.splitlines()[2:5]  # one row each, aligned
+    assert [row.index("other") for row in table[1:]] == [table[0].index("role")] * 2, table
+    assert table[1].startswith("lib\\nnewline.so ")
 
 
 def fake_distribution(site, name, metadata: bytes, library=None):

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loadfuzz.model import GLYPHS, TrialRecord, explanation, spell_sequence, step_label
+from loadfuzz.report.view import visible
 
 if TYPE_CHECKING:  # only named in annotations: printing stays cheap to import
     from loadfuzz.inventory import Inventory, Library
@@ -57,11 +58,12 @@ def scan_text(inv: Inventory, predictions: Sequence[Prediction]) -> str:
     """A table of the libraries, then the predicted collisions with their reasons."""
     version = f" {inv.version}" if inv.version else ""
     lines = [f"{inv.name}{version}: {len(inv.libraries)} libraries under {inv.root}", ""]
-    width = max(len(lib.id) for lib in inv.libraries)
+    shown = {lib.id: visible(lib.id) for lib in inv.libraries}  # a row per library, aligned
+    width = max(map(len, shown.values()))
     lines.append(f"{'library':<{width}}  {'role':<16} {'closure':>7}  {'python':<6}  registers")
     for lib in inv.libraries:
         flags = "yes" if lib.needs_python else "-"
-        lines.append(f"{lib.id:<{width}}  {lib.role.value:<16} {len(lib.closure):>7}  "
+        lines.append(f"{shown[lib.id]:<{width}}  {lib.role.value:<16} {len(lib.closure):>7}  "
                      f"{flags:<6}  {registry_column(lib)}")
         if lib.missing:
             lines.append(f"{'':<{width}}  missing: {', '.join(lib.missing)}")
