@@ -14,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -41,7 +42,8 @@ def sweep(parent: Path, prefix: str, stale_s: float = STALE_S) -> int:
     removed = 0
     for folder in parent.glob(prefix + "*"):
         try:
-            if time.time() - folder.lstat().st_mtime < stale_s or folder.is_symlink():
+            info = folder.lstat()  # (one look: its age, and that it is no symlink)
+            if stat.S_ISLNK(info.st_mode) or time.time() - info.st_mtime < stale_s:
                 continue
             lock = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
