@@ -379,7 +379,9 @@ class Explainer:
         if facts is None or facts.path not in self.inv.link_map.files:
             return True  # unknown: do not claim the flags decide it
         order, _ = self.inv.link_map.search_list(facts)
-        return any(obj.identity == target for obj in order)
+        # ld.so gives a NEEDED name the library loaded under that SONAME, RTLD_LOCAL or not
+        soname = (found := self.facts(other)) and found.soname
+        return any(obj.identity == target or soname in obj.needed for obj in order)
 
     def pybind11(self, record: TrialRecord, objects: list[Loaded],
                  trace: LoaderTrace | None) -> Account:

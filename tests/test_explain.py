@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -307,3 +308,18 @@ def test_a_provider_of_the_missing_symbol_that_never_loaded_is_not_said_to_be_lo
     assert record.cause.kind == "missing-symbol"
     assert [c.lib for c in record.cause.libraries] == [str(needs)]
     assert "libprovides.so defines it" in record.cause.text
+
+
+def test_load_local_is_not_offered_when_the_copies_share_their_runtime_by_soname(tmp_path):
+    """A second install of the kernels, with its own libexecutorch.so beside it, still registers
+    into the first install's: ld.so answers a NEEDED name with a library already loaded under that
+    SONAME, RTLD_LOCAL or not. Loading local cannot keep the copies apart, so it is no fix here."""
+    for name in ("libexecutorch_kernels_quantized.so", "libexecutorch.so",
+                 "libexecutorch_threadpool.so"):
+        shutil.copy(ET / "lib" / name, tmp_path / name)
+    second = tmp_path / "libexecutorch_kernels_quantized.so"
+    record = run_load_order(None, f"local:{QUANTIZED}", f"local:{second}")
+    assert record.signature == "executorch-reregister"
+    assert record.cause.kind == "duplicate-registration"
+    fixes = [fix.name for fix in record.cause.fixes]
+    assert "drop-duplicate" in fixes and "load-local" not in fixes
