@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 SO_FILE = re.compile(r".+\.so(\.\d+)*", re.DOTALL)  # any byte but / may be in a name: \n too
 UNPACKING = ".unpacking-"  # a wheel being unpacked into the cache (`unpack_wheel`)
+UNPACK_LAYOUT = "installed"  # unpacked as pip installs it (`installed_name`); part of the folder name
+INSTALLED_DATA = re.compile(r"[^/]+\.data/(?:platlib|purelib)/")
 
 
 @dataclass(frozen=True)
@@ -235,7 +237,7 @@ def unpack_wheel(wheel: Path) -> tuple[Path, str, str | None]:
         for block in iter(lambda: stream.read(1 << 20), b""):
             digest.update(block)
     wheels = hostenv.cache_folder() / "wheels"
-    final = wheels / digest.hexdigest()
+    final = wheels / f"{digest.hexdigest()}-{UNPACK_LAYOUT}"
     if not final.is_dir():
         wheels.mkdir(parents=True, exist_ok=True)
         scratch.sweep(wheels, UNPACKING)  # what an unpack killed by SIGKILL left (a whole wheel)
@@ -263,12 +265,14 @@ def extract_safely(wheel: Path, into: Path) -> None:
     try:
         with zipfile.ZipFile(wheel) as archive:
             for entry in archive.infolist():
-                destination = entry_destination(wheel, entry.filename, into)
+                name = installed_name(entry.filename)
+                if not name:  # the folder `<dist>.data/platlib/` itself
+                    continue
+                destination = entry_destination(wheel, name, into)
                 mode = entry.external_attr >> 16
                 if stat.S_ISLNK(mode):
                     link = archive.read(entry).decode("utf-8", "replace")
-                    inside = posixpath.normpath(posixpath.join(posixpath.dirname(entry.filename),
-                                                               link))
+                    inside = posixpath.normpath(posixpath.join(posixpath.dirname(name), link))
                     if link.startswith("/") or inside == ".." or inside.startswith("../"):
                         raise UsageError(f"{wheel}: entry {entry.filename!r} is a symlink to "
                                          f"{link!r}, outside the wheel")
@@ -286,6 +290,14 @@ def extract_safely(wheel: Path, into: Path) -> None:
         raise UsageError(f"corrupt wheel {wheel}: {exc}") from None
     except OSError as exc:
         raise UsageError(f"cannot unpack {wheel}: {exc}") from None
+
+
+def installed_name(name: str) -> str:
+    """Where pip installs a wheel entry, relative to site-packages: `<dist>.data/platlib/x`
+    and `<dist>.data/purelib/x` are `x`, beside the wheel's packages (their `$ORIGIN`
+    depends on it); any other entry stays where it is."""
+    found = INSTALLED_DATA.match(name)
+    return name[found.end():] if found else name
 
 
 def entry_destination(wheel: Path, name: str, into: Path) -> Path:

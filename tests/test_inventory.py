@@ -101,6 +101,27 @@ def test_a_wheel_file_is_unpacked_into_a_cache_keyed_by_its_hash(tmp_path, monke
     assert inv.root.is_relative_to(tmp_path / "cache" / "loadfuzz" / "wheels")
 
 
+
+def test_a_wheel_library_under_data_platlib_is_unpacked_where_pip_installs_it(tmp_path, monkeypatch):
+    """`<dist>.data/platlib/x` is installed as `x` beside the wheel's packages: there the
+    kernels' RUNPATH ($ORIGIN) finds the runtime, as after `pip install`."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    wheel = tmp_path / "demo-1.0-cp311-cp311-linux_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.write(QUANTIZED, "demo-1.0.data/platlib/demo/lib/libexecutorch_kernels_quantized.so")
+        archive.write(ET / "lib" / "libexecutorch.so", "demo/lib/libexecutorch.so")
+        archive.write(ET / "lib" / "libexecutorch_threadpool.so",
+                      "demo-1.0.data/purelib/demo/lib/libexecutorch_threadpool.so")
+        archive.writestr("demo-1.0.data/platlib/", b"")
+        archive.writestr("demo-1.0.dist-info/METADATA", "Name: demo\nVersion: 1.0\n")
+    inv = inventory.load_target(str(wheel))
+    assert [lib.id for lib in inv.libraries] == ["lib/libexecutorch.so",
+                                                 "lib/libexecutorch_kernels_quantized.so",
+                                                 "lib/libexecutorch_threadpool.so"]
+    kernels = next(lib for lib in json.loads(loadfuzz("scan", wheel, "--json").stdout)["libraries"]
+                   if lib["id"] == "lib/libexecutorch_kernels_quantized.so")
+    assert kernels["missing"] == [] and "lib/libexecutorch.so" in kernels["closure"]
+
 # --- bad input: one clear line, exit 2 -------------------------------------------------
 
 
