@@ -287,13 +287,15 @@ class Explainer:
         kind = next((k for k in registries.REGISTRIES if k.signature == record.signature), None)
         op = record.op or ""
         own = [o for o in objects if not is_system(o.path)]
-        if kind is None:  # a registry loadfuzz does not model: the copies hold the name
-            copies = [o.path for o in own if carries_string(o.path, op)]
-            name = self.rule(record, Account(None, ())).registries.get(record.signature or "")
-            return self.copies_account(record, objects, trace, copies,
+        names = {o.path: self.registered(o.path, kind) for o in own} if kind else {}
+        copies = [o.path for o in own if kind and op in names[o.path][0]]
+        held = [] if len(copies) > 1 else [o.path for o in own if carries_string(o.path, op)]
+        if kind is None or len(held) > 1:  # a registry loadfuzz does not model, or registered
+            # other than through its entry point (a weak reference): the copies hold the name
+            name = kind.title if kind else self.rule(record, Account(None, ())).registries.get(
+                record.signature or "")
+            return self.copies_account(record, objects, trace, held,
                                        {"registry": name or "the registry"})
-        names = {o.path: self.registered(o.path, kind) for o in own}
-        copies = [o.path for o in own if op in names[o.path][0]]
         replayed = None if trace else self.replayed(record)
         calls = replayed[1].calls if replayed else []
         failing = str(calls[-1][0].path) if calls else None  # the replay's last call collided

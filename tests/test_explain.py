@@ -323,3 +323,15 @@ def test_load_local_is_not_offered_when_the_copies_share_their_runtime_by_soname
     assert record.cause.kind == "duplicate-registration"
     fixes = [fix.name for fix in record.cause.fixes]
     assert "drop-duplicate" in fixes and "load-local" not in fixes
+
+
+def test_copies_that_reach_the_registry_through_a_weak_reference_are_named_by_what_they_hold():
+    """The corpus's plugins call the registry through a weak reference, not ExecuTorch's entry
+    point: the copies are the libraries in the process that hold the operator's name."""
+    corpus = FIXTURES / "corpus"
+    record = run_load_order(None, *(f"global:{corpus / f'libcz_{name}.so'}"
+                                    for name in ("registry", "weak_p", "weak_q")))
+    assert record.signature == "executorch-reregister" and record.step == 2
+    assert [(c.lib, c.step) for c in record.cause.libraries] == [
+        (str(corpus / "libcz_weak_p.so"), 1), (str(corpus / "libcz_weak_q.so"), 2)]
+    assert "a library loaded earlier" not in record.cause.text
