@@ -83,7 +83,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define PROTOCOL_VERSION 6 /* docs/protocol.md; bump on any change to a message */
+#define PROTOCOL_VERSION 7 /* docs/protocol.md; bump on any change to a message */
 #define MAX_STEPS 256
 #define HEAD_CAP (16 * 1024)
 #define TAIL_CAP (48 * 1024)
@@ -266,10 +266,12 @@ static void set_error_hex(struct trace *tr, const char *hex) {
  * (PY_APART: in a namespace of its own, so that __main__ is left as a trial's cold run has
  * it). Then PY_AFTER, apart too: what Python printed goes out before the step ends, as at a
  * real exit; for a failed step (its %d) the step's error is the last line CPython printed
- * for the exception, then that of each exception in its chain, one per line: its cause, and
- * its cause's, and so on; from the first exception it was raised while handling on (its
- * context), each line begins "while handling: " (never a cause of the failure, however it
- * reads); after a KeyboardInterrupt the process ends as python's does, by SIGINT. */
+ * for the exception (a message of several lines: its lines joined by spaces, so that no line
+ * of it reads as an exception of its own), then that of each exception in its chain, one per
+ * line: its cause, and its cause's, and so on; from the first exception it was raised while
+ * handling on (its context), each line begins "while handling: " (never a cause of the
+ * failure, however it reads); after a KeyboardInterrupt the process ends as python's does,
+ * by SIGINT. */
 static const char PY_APART[] =
     "exec(compile(bytes.fromhex('%s').decode('utf-8', 'surrogateescape'), '<string>', 'exec'),"
     " {'__name__': '__loadfuzz__'})\n";
@@ -290,7 +292,8 @@ static const char PY_AFTER[] =
     "        link = ''\n"
     "        while te is not None and len(lines) < 8:\n"
     "            te.__notes__ = None\n"
-    "            lines.append(link + list(te.format_exception_only())[-1].rstrip('\\n'))\n"
+    "            said = list(te.format_exception_only())[-1]\n"
+    "            lines.append(link + ' '.join(s.strip() for s in said.splitlines() if s.strip()))\n"
     "            nxt = te.__cause__\n"
     "            if nxt is None and not te.__suppress_context__:\n"
     "                nxt, link = te.__context__, 'while handling: '\n"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from loadfuzz.classify import DETAIL_LIMIT
 from support import FIXTURES, LOADFUZZ, loadfuzz
 
 BOOT = FIXTURES / "pysteps" / "boot.so"
@@ -51,6 +52,12 @@ CASES = {
               "sys.modules['boot_proxy'] = types.SimpleNamespace(answer=42)\n"),
     "thread": ("import os, threading, time\n"
                "threading.Thread(target=lambda: (time.sleep(0.2), os._exit(5))).start()\n"),
+    # a message of several lines (torch's `TORCH_LOGS` error is one)
+    "multiline": "raise ValueError('\\nInvalid settings: foo\\nValid settings: a, b')\n",
+    # a message that quotes the traceback of a missing module it was handling
+    "quoted": ("import traceback\ntry:\n    import loadfuzz_fixture_accelerator_nobody_installed\n"
+               "except ImportError:\n    raise RuntimeError('case_quoted: backend failed to load:\\n'"
+               " + traceback.format_exc()) from None\n"),
 }
 
 
@@ -75,12 +82,16 @@ def agrees(record: dict, real: subprocess.CompletedProcess) -> bool:
     exception whose line CPython printed (its last line, unless a signature named a line of
     its chain), or an exit with the same status. (A record's text writes a NUL as \\x00.)"""
     lines = [line.replace("\0", "\\x00") for line in real.stderr.splitlines() if line.strip()]
+
+    def last(count: int) -> str:  # the last lines, as one (a message of several lines)
+        return " ".join(line.strip() for line in lines[-count:])[:DETAIL_LIMIT]
+
     if real.returncode == 0:
         return record["outcome"] == "clean"
     if real.returncode < 0:
         return record["signal"] == -real.returncode
     if "Traceback (most recent call last):" in real.stderr:
-        named = record["detail"] == lines[-1] if record["signature"] is None else (
+        named = record["detail"] in map(last, range(1, len(lines))) if record["signature"] is None else (
             record["detail"] in lines)
         return record["outcome"] == "load-error" and named
     return record["outcome"] == "exit" and record["exit_code"] == real.returncode
@@ -105,6 +116,18 @@ def test_an_exception_reads_as_the_last_line_cpython_prints(modules):
     assert run_case(modules, "custom")["detail"] == "case_custom.ConfigError: bad config"
     assert run_case(modules, "nul")["detail"] == "ImportError: bad\\x00thing"
     assert run_case(modules, "badstr")["detail"] == "case_badstr.E: <exception str() failed>"
+
+
+def test_an_exception_whose_message_spans_lines_reads_as_one_line(modules):
+    assert run_case(modules, "multiline")["detail"] == (
+        "ValueError: Invalid settings: foo Valid settings: a, b")
+
+
+def test_a_missing_module_quoted_in_the_message_does_not_name_the_failure(modules):
+    record = run_case(modules, "quoted")
+    assert (record["outcome"], record["signature"]) == ("load-error", None)
+    assert record["detail"].startswith(
+        "RuntimeError: case_quoted: backend failed to load: Traceback (most recent call last):")
 
 
 def test_sys_exit_while_importing_ends_the_process_with_its_status(modules):

@@ -38,7 +38,7 @@ from loadfuzz.run.build import harness_binary
 from loadfuzz.run.ldtrace import LoaderTrace
 from loadfuzz.run.processes import PIPE_READ, end_group, kill_tree, own_scratch, unforkable
 
-PROTOCOL_VERSION = 6  # harness_c/harness.c's PROTOCOL_VERSION: the greeting must say it
+PROTOCOL_VERSION = 7  # harness_c/harness.c's PROTOCOL_VERSION: the greeting must say it
 STARTUP_TIMEOUT_S = 120.0  # preloading libtorch on a cold disk can take a while
 MARGIN_S = 30.0  # on top of the step limits, before the server itself is presumed stuck
 AHEAD = 1  # trials sent to a server before the result of the first is read (see run_each)
