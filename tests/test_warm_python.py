@@ -3,6 +3,12 @@ and, when that step imports torch before anything of its own, with torch importe
 trial must end as its cold run does, with the same output. A preload that a fork would not copy
 whole (a thread, a process) or that fails is refused, and its trials go cold."""
 
+import json
+import signal
+import subprocess
+import sys
+import sysconfig
+
 import pytest
 
 from loadfuzz import inventory
@@ -11,7 +17,7 @@ from loadfuzz.run.harness import Harness, HarnessDied, HarnessStep, Limits, run_
 from loadfuzz.run.tiers import Tiers
 from loadfuzz.run.trials import Trials, harness_steps
 from loadfuzz.run.warm import IMPORT_TORCH, START
-from support import ET, EXTENSION, QUANTIZED, step
+from support import ET, EXTENSION, QUANTIZED, SITE, step
 
 LLM_RUNNER = ET / "extension" / "llm" / "runner" / "_llm_runner.cpython-311-x86_64-linux-gnu.so"
 TRAINING = ET / "extension" / "training" / "pybindings" / "_training_lib.cpython-311-x86_64-linux-gnu.so"
@@ -83,3 +89,53 @@ def test_a_warm_interpreter_sees_the_trial_s_own_home_and_tmpdir_as_a_cold_one_d
         warm = [server.run(steps, LIMITS, 1) for _ in range(2)]
     cold = run_cold(steps, LIMITS, 1)
     assert [run.output.strip() for run in (*warm, cold)] == [b"True"] * 3
+
+
+EXTENSION_C = """\
+#include <Python.h>
+static struct PyModuleDef def = {PyModuleDef_HEAD_INIT, "_C", NULL, -1, NULL, NULL, NULL, NULL, NULL};
+PyMODINIT_FUNC PyInit__C(void);
+PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&def); }
+"""
+# libtorch_python exports ParameterClass too: once torch is in the global scope, this library's
+# reference binds to torch's copy, and its constructor aborts
+INTERPOSED_C = """\
+#include <stdlib.h>
+void *ParameterClass = (void *)0x1234;
+__attribute__((constructor)) static void check(void) { if (ParameterClass != (void *)0x1234) abort(); }
+"""
+
+
+def test_a_package_that_imports_torch_rtld_global_ends_as_cpython_not_as_a_plain_import(tmp_path):
+    """A package that sets RTLD_GLOBAL before its own `import torch` (some do, to share torch's
+    symbols) runs code of its own before torch: its trials must not fork from a server that
+    imported torch the plain way, where torch's symbols stay local. CPython is the judge."""
+    venv, torch_lib = tmp_path / "venv", SITE / "torch" / "lib"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = venv / "lib" / "python3.11" / "site-packages"
+    (site / "main.pth").write_text(f"import site; site.addsitedir({str(SITE)!r})\n")
+    package = site / "pkgx"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        "import os, sys\n_flags = sys.getdlopenflags()\n"
+        "sys.setdlopenflags(os.RTLD_NOW | os.RTLD_GLOBAL)\nimport torch\nsys.setdlopenflags(_flags)\n")
+    for name, source, *link in [
+            (f"_C{sysconfig.get_config_var('EXT_SUFFIX')}", EXTENSION_C,
+             f"-I{sysconfig.get_paths()['include']}", f"-L{torch_lib}", "-Wl,--no-as-needed",
+             "-lc10", f"-Wl,-rpath,{torch_lib}"),
+            ("libplain.so", INTERPOSED_C)]:
+        (tmp_path / "x.c").write_text(source)
+        subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(package / name), str(tmp_path / "x.c"),
+                        *link], check=True)
+    python = str(venv / "bin" / "python")
+    real = subprocess.run([python, "-c", "import pkgx._C, ctypes; "
+                           f"ctypes.CDLL({str(package / 'libplain.so')!r})"],
+                          cwd=tmp_path, capture_output=True, timeout=120)
+    assert real.returncode == -signal.SIGABRT, real.stderr[-500:]
+    done = subprocess.run([python, "-m", "loadfuzz", "matrix", str(package), "--flags", "python",
+                           "--out", str(tmp_path / "results")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr
+    records = [json.loads(line) for line in (tmp_path / "results" / "trials.jsonl").open()]
+    [first_c] = [r for r in records if r["sequence"][0]["lib"].startswith("_C")]
+    assert first_c["outcome"] == "abort", first_c

@@ -11,8 +11,10 @@ after that step, as its cold run does.
 
 Importing torch costs seconds. When torch is not under test and a trial's first
 Python step imports torch before anything of its own (no extension module of its own
-is loaded before `import torch`; e.g. ExecuTorch's `_llm_runner`, whose package
-imports torch first), the heavy server imports torch too before forking. Whether a
+is loaded before `import torch`, and nothing torch's import depends on has changed by
+then: a package that sets RTLD_GLOBAL first imports another torch; e.g. ExecuTorch's
+`_llm_runner`, whose package imports torch first), the heavy server imports torch too
+before forking. Whether a
 step does is asked of the step itself, once per campaign: a *probe* runs it in a
 server whose interpreter is started, recording every module the import system looks
 for (`PROBE`).
@@ -32,14 +34,27 @@ IMPORT_TORCH = "import torch\n"
 MARK = b"LOADFUZZ-TORCH-FIRST "
 
 # Runs a step's source while a finder first in sys.meta_path notes every module looked
-# for; then says whether `torch` came before any extension module that is not the stdlib's.
+# for, and the state of the process when `torch` is first looked for; then says whether
+# `torch` came before any extension module that is not the stdlib's, with nothing that
+# importing torch depends on changed by then: the dlopen flags, the environment, the import
+# system, the shared objects mapped (ctypes.CDLL), and sys.modules but for what was imported.
 PROBE = """\
-import importlib.machinery as _machinery, sys as _sys
+import importlib.machinery as _machinery, os as _os, sys as _sys
 class _Seen:
     names = []
+    at_torch = None
     @classmethod
     def find_spec(cls, name, path=None, target=None):
+        if name == 'torch' and cls.at_torch is None:
+            cls.at_torch = _state()
         cls.names.append(name)
+def _state():
+    with open('/proc/self/maps') as maps:
+        mapped = {{line.split(None, 5)[5].strip() for line in maps if len(line.split(None, 5)) > 5}}
+    hooks = [finder for finder in _sys.meta_path if finder is not _Seen]
+    return (_sys.getdlopenflags(), dict(_os.environ), list(_sys.path), list(_sys.path_hooks),
+            hooks, mapped, set(_sys.modules))
+_before = _state()
 _sys.meta_path.insert(0, _Seen)
 try:
     exec(compile({source!r}, '<loadfuzz step>', 'exec'), {{'__name__': '__loadfuzz__'}})
@@ -51,8 +66,14 @@ def _plain(name):
     where = getattr(module, '__file__', None) or ''
     return module is not None and (where.startswith(_sys.base_prefix) or not where.endswith(
         tuple(_machinery.EXTENSION_SUFFIXES)))
+def _unchanged(before, after):  # (new objects may be the stdlib's own extension modules)
+    *same, mapped, modules = after
+    return same == list(before[:-2]) and all(
+        path.startswith(_sys.base_prefix + '/') for path in mapped - before[-2]) and (
+        modules - before[-1] <= set(_Seen.names))
 _names = _Seen.names
-_first = 'torch' in _names and all(_plain(n) for n in _names[:_names.index('torch')])
+_first = ('torch' in _names and all(_plain(n) for n in _names[:_names.index('torch')])
+          and _unchanged(_before, _Seen.at_torch))
 print('LOADFUZZ-TORCH-FIRST', int(_first), flush=True)
 """
 
