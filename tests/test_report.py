@@ -28,6 +28,7 @@ from loadfuzz.report import html as matrix_html
 from loadfuzz.report import junit, markdown, output, view
 from support import (
     AWKWARD,
+    FIXTURES,
     KQ,
     PAIRS_WITH_PLUGIN,
     PLUGIN,
@@ -35,6 +36,7 @@ from support import (
     campaign,
     cells_of,
     large_campaign,
+    loadfuzz,
     pair_key,
     record,
 )
@@ -279,6 +281,20 @@ def test_repro_scripts_run_the_repro_command_exactly(tmp_path: Path) -> None:
     assert "# detail: line one\\nexit 7\n" in text
     ran = subprocess.run([str(script)], capture_output=True, text=True, check=True)
     assert ran.stdout == f"{AWKWARD}|$HOME|"
+
+
+def test_a_repro_script_names_a_file_whose_name_is_not_utf8_by_its_very_bytes(tmp_path):
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    odd = libs / os.fsdecode(b"libexit\xff7.so")
+    odd.write_bytes((FIXTURES / "hostile" / "libfx_exit7.so").read_bytes())
+    done = loadfuzz("run", "--json", odd, cwd=tmp_path)
+    record = json.loads(done.stdout)
+    assert record["outcome"] == "exit"
+    script = report.write_repro_script(tmp_path, record)
+    assert b"libexit\xff7.so" in script.read_bytes()
+    ran = subprocess.run([str(script)], capture_output=True, text=True)
+    assert ran.returncode == 1 and "exit" in ran.stdout, ran.stderr
 
 
 def test_repro_scripts_are_numbered_and_leftovers_removed(tmp_path: Path) -> None:

@@ -36,7 +36,8 @@ def write_repro_scripts(out: Path, findings: list[Mapping[str, Any]]) -> list[Pa
     folder = out / "repro"
     folder.mkdir(parents=True, exist_ok=True)
     written = [
-        write_file(folder / script_name(n, len(findings)), _script(n, record), mode=0o755)
+        write_file(folder / script_name(n, len(findings)), _script(n, record), mode=0o755,
+                   raw_paths=True)
         for n, record in enumerate(findings, start=1)
     ]
     for old in folder.iterdir():
@@ -47,4 +48,4 @@ def write_repro_scripts(out: Path, findings: list[Mapping[str, Any]]) -> list[Pa
 
 def write_repro_script(out: Path, record: Mapping[str, Any]) -> Path:
     """repro.sh: the one standalone script `loadfuzz repro` leaves."""
-    return write_file(out / "repro.sh", _script(1, record), mode=0o755)
+    return write_file(out / "repro.sh", _script(1, record), mode=0o755, raw_paths=True)
