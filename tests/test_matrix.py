@@ -13,6 +13,7 @@ the one `lib/libexecutorch.so`, so `local` does not help): 2 x 2 x 2 = 8.
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -21,6 +22,7 @@ import psutil
 import pytest
 
 from support import (
+    FIXTURES,
     LEGACY_PLUGIN,
     LOADFUZZ,
     PAIRS_WITH_PLUGIN,
@@ -244,3 +246,17 @@ def test_a_campaign_stopped_before_its_first_trial_says_nothing_was_written(tmp_
     said = capsys.readouterr().err
     assert said == f"stopped by SIGTERM before the first trial: nothing was written to {out}\n"
     assert not out.exists()
+
+
+def test_a_name_or_message_with_control_characters_cannot_drive_the_terminal(tmp_path):
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    shutil.copy(FIXTURES / "hostile" / "libfx_exit7.so", libs / "lib\x1b]0;TITLE\x07seg\nv.so")
+    shutil.copy(FIXTURES / "hostile" / "libfx_clean.so", libs / "lib\x1b[31mred.so")
+    done = loadfuzz("matrix", libs, "--flags", "global", "--out", tmp_path / "out")
+    assert done.returncode == 1, done.stderr
+    assert not any(c in done.stdout for c in "\x1b\x07"), done.stdout
+    grid = done.stdout.splitlines()[:4]  # title, column numbers, one line per row
+    assert grid[2].endswith("lib\\x1b[31mred.so") and grid[3].endswith("seg\\nv.so"), grid
+    ran = loadfuzz("run", libs / "lib\x1b]0;TITLE\x07seg\nv.so")
+    assert ran.returncode == 1 and not any(c in ran.stdout for c in "\x1b\x07"), ran.stdout

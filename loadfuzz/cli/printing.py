@@ -104,7 +104,7 @@ def describe_run(record: TrialRecord) -> str:
     lines += explanation(record.to_json())
     lines.append(f"time: {record.duration_s:.3f} s, peak RSS {record.peak_rss_mb:.1f} MB")
     lines.append(f"repro: {record.repro}")
-    return "\n".join(lines)
+    return "\n".join(map(visible, lines))  # a name or a message cannot drive the terminal
 
 
 # --- campaigns -------------------------------------------------------------------------
@@ -127,42 +127,48 @@ def matrix_text(summary: dict, records: Sequence[TrialRecord]) -> str:
                 continue
             marks = (" " if first == second else GLYPHS.get(cells.get((first, second, mode), ""), "?")
                      for second in libs)  # one character each, in a column three wide
-            lines.append(f"{row:>3}    " + "  ".join(marks) + f"  {first}")
+            lines.append(f"{row:>3}    " + "  ".join(marks) + f"  {visible(first)}")
     return "\n".join(lines)
+
+
+def say(line: str) -> None:
+    """Print one line for people, control characters and undecodable bytes as escapes: a
+    library's name or a trial's message cannot break a line or drive the terminal."""
+    print(visible(line))
 
 
 def print_summary(summary: dict) -> None:
     """A campaign's summary for people: counts, each finding on a line, where the report is."""
     findings, unexpected = summary["findings"], summary["unexpected"]
     shard = f" (shard {summary['shard']})" if summary.get("shard") else ""
-    print(f"{summary['command']} {summary['target']}{shard}: {summary['trials']} trials, "
+    say(f"{summary['command']} {summary['target']}{shard}: {summary['trials']} trials, "
           f"{len(findings)} findings, {len(unexpected)} unexpected, "
           f"{len(summary['stale'])} stale expectations")
     if summary.get("baseline"):
-        print(baseline_line(summary["baseline"]))
+        say(baseline_line(summary["baseline"]))
     if summary.get("throughput") is not None:  # (0.0 too: a search that ran nothing)
-        print(f"throughput: {summary['throughput']} trials/s")
+        say(f"throughput: {summary['throughput']} trials/s")
     if summary.get("prediction"):
         prediction = summary["prediction"]
         total = prediction["agree"] + prediction["disagree_count"]
-        print(f"prediction: {prediction['agree']} of {total} trials ended as scan predicted")
+        say(f"prediction: {prediction['agree']} of {total} trials ended as scan predicted")
     for record in findings:
         mark = ("UNEXPECTED" if record in unexpected
                 else "environ.  " if record in summary.get("environment", []) else "expected  ")
         what = record["signature"] or record["outcome"]
         op = f" {record['op']}" if record["op"] else ""
-        print(f"  {mark} {record['outcome']:<10} {spell_sequence(record['sequence'])}  [{what}{op}]")
+        say(f"  {mark} {record['outcome']:<10} {spell_sequence(record['sequence'])}  [{what}{op}]")
     for entry in summary.get("interposition", []):
-        print(f"  flags matter: {entry['first']} -> {entry['second']}: global {entry['global']}, "
+        say(f"  flags matter: {entry['first']} -> {entry['second']}: global {entry['global']}, "
               f"local {entry['local']}; both define {', '.join(entry['shared_symbols']) or '-'}")
     for entry in summary["stale"]:  # `->`: an entry for that order only (orders = as-written)
         between = "->" if entry.get("orders") == "as-written" else "x"
-        print(f"  stale expectation: {entry['first']} {between} {entry['second']} "
+        say(f"  stale expectation: {entry['first']} {between} {entry['second']} "
               f"({entry['source']})")
     if shard and summary["stale"]:
-        print("  (stale in this shard's slice only: `loadfuzz merge` decides over the whole "
+        say("  (stale in this shard's slice only: `loadfuzz merge` decides over the whole "
               "campaign)")
-    print(f"report: {Path(summary['out']) / 'report.md'}  (matrix.html, junit.xml, repro/)")
+    say(f"report: {Path(summary['out']) / 'report.md'}  (matrix.html, junit.xml, repro/)")
 
 
 def baseline_line(baseline: dict) -> str:
@@ -174,24 +180,24 @@ def baseline_line(baseline: dict) -> str:
 
 def print_repro(result: dict, inv: Inventory) -> None:
     what = f"{result['signature']} {result['op']}" if result["signature"] else "an unknown line"
-    print(f"message: {result['message']}  [{what}]")
+    say(f"message: {result['message']}  [{what}]")
     if not result["candidates"]:
-        print(f"not reproduced: no library of {inv.target} carries {result['op']}")
+        say(f"not reproduced: no library of {inv.target} carries {result['op']}")
         return
-    print(f"candidates: {', '.join(result['candidates'])}")
+    say(f"candidates: {', '.join(result['candidates'])}")
     record = result["record"]
     if record is None:
-        print(f"not reproduced: {result['tried']} load orders of the candidates tried, under "
+        say(f"not reproduced: {result['tried']} load orders of the candidates tried, under "
               f"every flags mode; none ended that way (trials: {result['out']}/trials.jsonl)")
         return
     seq = " -> ".join(step_label(s) for s in record["sequence"])
-    print(f"reproduced after {result['tried']} orders; minimal sequence: {seq}")
-    print(f"  {record['outcome']} at step {record['step']}: {record['detail']}")
+    say(f"reproduced after {result['tried']} orders; minimal sequence: {seq}")
+    say(f"  {record['outcome']} at step {record['step']}: {record['detail']}")
     if result["op"] and record["op"] and record["op"] != result["op"]:
-        print(f"  the same collision: the registry stopped at {record['op']}, the first duplicate "
+        say(f"  the same collision: the registry stopped at {record['op']}, the first duplicate "
               f"it met; the copies also both carry {result['op']}")
-    print(f"repro: {record['repro']}")
-    print(f"script: {Path(result['out']) / 'repro.sh'}")
+    say(f"repro: {record['repro']}")
+    say(f"script: {Path(result['out']) / 'repro.sh'}")
 
 
 class Progress:
