@@ -473,3 +473,18 @@ def test_a_campaign_stopped_before_a_phase_took_in_its_trials_still_reports_them
     assert summary["findings"] and {f["phase"] for f in summary["found"]} == {"stopped"}
     assert summary["max_len"] == 4 and summary["db"] == str(tmp_path / "db")
     assert "no trial ran" not in (out / "report.md").read_text()
+
+
+def test_a_ctrl_c_that_reaches_a_worker_while_it_starts_is_dropped_without_a_traceback(capfd):
+    """A terminal's Ctrl-C (or `timeout -s INT`) reaches the whole process group: the campaign's
+    process stops the workers itself, and a worker still importing must not print a traceback."""
+    from loadfuzz.search.workers import start_worker
+
+    read, write = os.pipe()
+    worker = start_worker(write)
+    os.close(write)
+    worker.send_signal(signal.SIGINT)  # while its interpreter starts and imports
+    worker.stdin.close()  # the campaign ends before giving it anything to do
+    assert worker.wait(timeout=60) == 0
+    os.close(read)
+    assert "Traceback" not in capfd.readouterr().err

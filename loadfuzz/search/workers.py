@@ -148,6 +148,22 @@ class Inbox:
 # --- the campaign's side -----------------------------------------------------------------
 
 
+QUIET = {signal.SIGINT, signal.SIGHUP}  # the campaign's process stops the workers itself
+
+
+def start_worker(messages_fd: int) -> subprocess.Popen:
+    """A worker process, its messages to `messages_fd`. It starts with SIGINT and SIGHUP
+    blocked, and ignores them before it unblocks them: a Ctrl-C that reaches the whole process
+    group while it is still importing (a third of a second) must not print its traceback."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, QUIET)
+    try:
+        return subprocess.Popen([sys.executable, "-m", "loadfuzz.search.workers", str(messages_fd)],
+                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                pass_fds=(messages_fd,))
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
 class Worker:
     """One worker process: its stdin (`tell`, one message at a time), and a thread that reads
     its messages into the campaign's queue as they come, so that a worker never waits for the
@@ -157,9 +173,7 @@ class Worker:
     def __init__(self, assignment: Assignment, messages: queue.SimpleQueue):
         read, write = os.pipe()
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "loadfuzz.search.workers", str(write)],
-                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, pass_fds=(write,))
+            self.proc = start_worker(write)
         except BaseException:
             os.close(read)
             raise
@@ -379,8 +393,9 @@ def stop_on_sigterm() -> threading.Event:
 
 
 def main() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    for signum in QUIET:  # blocked since the start (`start_worker`): what came is dropped
+        signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, QUIET)
     stopping = stop_on_sigterm()
     try:
         serve(stopping)
