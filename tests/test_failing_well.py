@@ -8,6 +8,7 @@ error.log); 1 is only ever "the campaign completed and found something unexpecte
 import fcntl
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -61,6 +62,28 @@ def test_a_full_disk_is_exit_3_with_one_line_whole_records_and_a_resume_that_fin
     keys = [json.dumps(line["sequence"]) for line in lines]
     assert len(keys) == len(set(keys)) == PAIRS_WITH_PLUGIN
     assert lines[:len(kept)] == kept
+
+
+@pytest.mark.parametrize("path", ["fork server, confirmed cold", "--cold"])
+def test_a_file_size_limit_too_small_for_the_loaders_report_leaves_the_finding_explained_statically(
+        path, tmp_path):
+    """The loader's report of a finding's cold run (LD_DEBUG) is a file: a limit on file sizes
+    (`ulimit -f`) can kill its run. The verdict never depends on it: the finding stands, its
+    cause read from the ELF files."""
+    corpus = FIXTURES / "corpus"
+    limit = 400 << 10
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    options = ["--cold"] if path == "--cold" else []
+    done = subprocess.run([str(LOADFUZZ), "run", "--json", *options, str(corpus / "libcz_pair_a.so"),
+                           str(corpus / "libcz_pair_b.so")], capture_output=True, text=True,
+                          timeout=120, preexec_fn=small_files, cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    record = json.loads(done.stdout)
+    assert record["signature"] == "executorch-reregister"
+    assert record["cause"]["evidence"] == "static"
 
 
 @pytest.mark.parametrize("how", ["no compiler", "a compiler that fails", "no cache folder"])

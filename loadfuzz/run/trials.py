@@ -209,8 +209,18 @@ class Trials:
         record = self._record(seq, "cold", None)
         if record.clean or self.explainer is None:
             return record
-        observed = self._record(seq, "cold", None, observe=record)
-        return observed if same_verdict(observed, record) else self.explainer.explain(record, None)
+        observed = self._observed(seq, record)
+        if observed is not None and same_verdict(observed, record):
+            return observed
+        return self.explainer.explain(record, None)
+
+    def _observed(self, seq: Sequence, expected: TrialRecord) -> TrialRecord | None:
+        """A cold run that the loader reports on, explained from that report; None when its
+        harness died (the report is a file of megabytes: a file size limit can kill it)."""
+        try:
+            return self._record(seq, "cold", None, observe=expected)
+        except HarnessDied:
+            return None
 
     def _fast(self, seq: Sequence, via: str, server: Harness) -> TrialRecord | None:
         """The trial from `server`, or None when the server (not the trial) failed."""
@@ -224,11 +234,11 @@ class Trials:
         it; should that run end otherwise, a plain cold run decides."""
         if self.explainer is None:
             return self.run_cold(seq)
-        observed = self._record(seq, "cold", None, observe=fast)
-        if same_verdict(observed, fast):
+        observed = self._observed(seq, fast)
+        if observed is not None and same_verdict(observed, fast):
             return observed
         plain = self._record(seq, "cold", None)
-        if same_verdict(plain, observed):
+        if observed is not None and same_verdict(plain, observed):
             return observed
         return plain if plain.clean else self.explainer.explain(plain, None)
 
