@@ -86,6 +86,25 @@ def test_a_file_size_limit_too_small_for_the_loaders_report_leaves_the_finding_e
     assert record["cause"]["evidence"] == "static"
 
 
+def test_reports_that_cannot_all_be_written_leave_none_that_reads_as_finished(tmp_path):
+    """A file size limit that takes trials.jsonl (40 kB) but not matrix.html: exit 3, and no
+    report.md saying "every trial was clean" over a campaign that never finished."""
+    limit = 50 << 10
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    out = tmp_path / "out"
+    done = subprocess.run([str(LOADFUZZ), "matrix", str(FIXTURES / "corpus"), "--exclude",
+                           "libcz_pair_*", "--out", str(out)], capture_output=True, text=True,
+                          timeout=300, preexec_fn=small_files)
+    assert done.returncode == 3, done.stderr
+    assert len(whole_lines(out / "trials.jsonl")) == 7 * 6 * 2
+    assert not (out / "summary.json").exists()
+    assert not (out / "report.md").exists() or "Incomplete" in (out / "report.md").read_text()
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
 @pytest.mark.parametrize("how", ["no compiler", "a compiler that fails", "no cache folder"])
 def test_a_harness_that_cannot_be_built_is_exit_3_and_the_traceback_goes_to_error_log(
         tmp_path, how):

@@ -16,7 +16,7 @@ from typing import Any
 from loadfuzz.report.html import render_html
 from loadfuzz.report.junit import render_junit
 from loadfuzz.report.markdown import markdown_summary, render_markdown
-from loadfuzz.report.output import write_file
+from loadfuzz.report.output import staged, write_file
 from loadfuzz.report.scripts import write_repro_script, write_repro_scripts
 from loadfuzz.report.view import CampaignView
 
@@ -33,8 +33,9 @@ def write_all(out: Path, summary: Mapping[str, Any], trials: Iterable[Mapping[st
     """Every file of the results folder but trials.jsonl (the driver appends that one)."""
     out.mkdir(parents=True, exist_ok=True)
     campaign = CampaignView.of(summary, trials)
-    write_file(out / "report.md", render_markdown(campaign))
-    write_file(out / "matrix.html", render_html(campaign))
-    write_file(out / "junit.xml", render_junit(campaign, per))
-    write_repro_scripts(out, campaign.findings)
+    with staged() as stage:  # all of them, or none (a full disk half-way)
+        stage.write(out / "report.md", render_markdown(campaign))
+        stage.write(out / "matrix.html", render_html(campaign))
+        stage.write(out / "junit.xml", render_junit(campaign, per))
+        write_repro_scripts(out, campaign.findings, stage.write)
     write_summary_json(out, summary)  # last: a summary.json says every report agrees with it

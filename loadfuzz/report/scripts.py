@@ -7,7 +7,7 @@ are shown as escapes, so a library id cannot break out of the comment.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +30,16 @@ def _script(number: int, record: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_repro_scripts(out: Path, findings: list[Mapping[str, Any]]) -> list[Path]:
+def write_repro_scripts(out: Path, findings: list[Mapping[str, Any]],
+                        write: Callable[..., Path] = write_file) -> list[Path]:
     """repro/001.sh, ...: one executable script per finding, in order, that execs its repro
-    command; numbered scripts left from an earlier render with more findings are removed."""
+    command; numbered scripts left from an earlier render with more findings are removed.
+    `write`: how a file is written (`write_file`, or a `Staged`'s)."""
     folder = out / "repro"
     folder.mkdir(parents=True, exist_ok=True)
     written = [
-        write_file(folder / script_name(n, len(findings)), _script(n, record), mode=0o755,
-                   raw_paths=True)
+        write(folder / script_name(n, len(findings)), _script(n, record), mode=0o755,
+              raw_paths=True)
         for n, record in enumerate(findings, start=1)
     ]
     for old in folder.iterdir():
