@@ -302,9 +302,10 @@ def run_matrix(campaign: Prepared, watcher: Watcher, pool: ServerPool | None = N
     work = plan.pairs(campaign.libs, settings.flags, settings.shard)
     watcher.planned(len(work))
     started, clock = utc_now(), time.monotonic()
-    campaign.folder.open()
-    try:
+    try:  # the runner is made before the folder is taken: stopped while it is made (its
+        # imports, its tiers), a campaign leaves nothing, not a folder without a summary
         with campaign.trials(pool=pool) as trials:
+            campaign.folder.open()
             try:
                 records = run_work(work, trials, campaign.folder, settings.run.jobs, watcher)
             except BaseException:

@@ -260,3 +260,32 @@ def test_a_name_or_message_with_control_characters_cannot_drive_the_terminal(tmp
     assert grid[2].endswith("lib\\x1b[31mred.so") and grid[3].endswith("seg\\nv.so"), grid
     ran = loadfuzz("run", libs / "lib\x1b]0;TITLE\x07seg\nv.so")
     assert ran.returncode == 1 and not any(c in ran.stdout for c in "\x1b\x07"), ran.stdout
+
+
+@pytest.mark.parametrize("command", ["matrix", "fuzz"])
+def test_a_stop_while_the_runner_is_made_leaves_no_folder_without_a_summary(
+        tmp_path, monkeypatch, command):
+    """The runner (its imports, its tiers) is made before the results folder is taken: a stop
+    meanwhile leaves nothing, never a folder holding only an empty trials.jsonl."""
+    from loadfuzz.campaign import Quiet, prepare, run_matrix
+    from loadfuzz.cli.commands import campaign_settings
+    from loadfuzz.cli.parser import build_parser
+    from loadfuzz.model import Stopped
+    from loadfuzz.search.fuzz import FuzzOptions, run_fuzz
+    from loadfuzz.settings import RunSettings
+
+    def stopped(*args, **kwargs):
+        raise Stopped(signal.SIGINT)
+
+    out = tmp_path / "out"
+    words = [command, "executorch", "--select", "lib/*", "--out", str(out)]
+    args = build_parser().parse_args(words)
+    args.invocation = words
+    campaign = prepare(campaign_settings(args), command)
+    monkeypatch.setattr(RunSettings, "trials", stopped)
+    with pytest.raises(Stopped):
+        if command == "matrix":
+            run_matrix(campaign, Quiet())
+        else:
+            run_fuzz(campaign, FuzzOptions(budget_s=5, db=tmp_path / "db"), Quiet())
+    assert not out.exists()

@@ -189,12 +189,13 @@ def run_fuzz(campaign: Prepared, options: FuzzOptions, watcher: Watcher,
     base_seed = options.seed if options.seed is not None else random.SystemRandom().randrange(2**32)
     step_choices = plan.step_options(libs, settings_.flags)
     started, clock = utc_now(), time.monotonic()
-    campaign.folder.open()
     warnings: list[str] = []
     search = workers.Report()
     try:
-        # Findings are confirmed cold once simplified, not every failing trial on the way.
+        # Findings are confirmed cold once simplified, not every failing trial on the way. The
+        # runner is made before the folder is taken (see `campaign.run_matrix`).
         with campaign.trials(confirm=False) as trials:
+            campaign.folder.open()
             findings = Findings(RunOnce(trials, campaign.folder, watcher), step_choices,
                                 shrink_until(budget_end, options.budget_s))
             runs = findings.run.runs
