@@ -50,6 +50,7 @@ def test_a_full_disk_is_exit_3_with_one_line_whole_records_and_a_resume_that_fin
     assert done.returncode == 3, done.stderr
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
     assert "No space left on device" in done.stderr and "--resume --out" in done.stderr
+    assert not (out / "error.log").exists() or (out / "error.log").stat().st_size > 0
     kept = whole_lines(out / "trials.jsonl")
     assert 0 < len(kept) < PAIRS_WITH_PLUGIN
     assert list(scratch.iterdir()) == []
@@ -103,6 +104,19 @@ def test_reports_that_cannot_all_be_written_leave_none_that_reads_as_finished(tm
     assert not (out / "summary.json").exists()
     assert not (out / "report.md").exists() or "Incomplete" in (out / "report.md").read_text()
     assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_running_out_of_open_files_is_exit_3_with_what_to_do(tmp_path):
+    def few_files():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+
+    done = subprocess.run([str(LOADFUZZ), "matrix", str(FIXTURES / "corpus"), "--jobs", "32",
+                           "--out", str(tmp_path / "out")], capture_output=True, text=True,
+                          timeout=300, preexec_fn=few_files)
+    assert done.returncode == 3, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "Too many open files" in done.stderr
+    assert "raise the open-files limit (ulimit -n) or pass fewer --jobs" in done.stderr
 
 
 @pytest.mark.parametrize("how", ["no compiler", "a compiler that fails", "no cache folder"])

@@ -6,6 +6,7 @@ into its exit status: bad input is one line on stderr and 2; a failure of loadfu
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import sys
@@ -20,6 +21,13 @@ from loadfuzz.cli.parser import build_parser
 from loadfuzz.model import Stopped, UsageError
 
 COULD_NOT_FINISH = 3
+# What to do when the machine ran out of something (the rest of a failure's line says what)
+ADVICE = {errno.EMFILE: "raise the open-files limit (ulimit -n) or pass fewer --jobs",
+          errno.ENFILE: "the system is out of open files: pass fewer --jobs",
+          errno.EAGAIN: "raise the process limit (ulimit -u) or pass fewer --jobs",
+          errno.ENOMEM: "free some memory, or pass fewer --jobs",
+          errno.ENOSPC: "make room, then run it again",
+          errno.EDQUOT: "make room, then run it again"}
 
 
 def log_failure(error: BaseException, folder: Path | None) -> Path | None:
@@ -28,18 +36,25 @@ def log_failure(error: BaseException, folder: Path | None) -> Path | None:
     for place in (folder, hostenv.cache_folder()):
         if place is None:
             continue
+        log = place / "error.log"
+        existed = log.exists()
         try:
             place.mkdir(parents=True, exist_ok=True)
-            with open(place / "error.log", "a", encoding="utf-8") as log:
-                log.write(text)
-            return place / "error.log"
-        except OSError:
+            with open(log, "a", encoding="utf-8") as file:
+                file.write(text)
+            return log
+        except OSError:  # (a full disk): no empty error.log left behind
+            if not existed:
+                with contextlib.suppress(OSError):
+                    log.unlink()
             continue
     return None
 
 
 def one_line(error: BaseException) -> str:
     text = " ".join(str(error).split()) or type(error).__name__
+    if isinstance(error, OSError) and error.errno in ADVICE:
+        return f"{text}: {ADVICE[error.errno]}"
     return text if isinstance(error, OSError | RuntimeError) else f"{type(error).__name__}: {text}"
 
 
