@@ -388,6 +388,26 @@ class EveryCell(html.parser.HTMLParser):
             self.cells.append(values)
 
 
+def test_a_shards_page_shows_in_each_flags_mode_the_rows_it_ran_there(tmp_path: Path) -> None:
+    # shard 1 of 2 of a 9-library matrix under two modes: every global pair, no local one
+    out = tmp_path / "out"
+    done = loadfuzz("matrix", FIXTURES / "corpus", "--flags", "global,local", "--shard", "1/2",
+                    "--out", out)
+    assert done.returncode == 1, done.stderr
+    parser = EveryCell()
+    parser.feed((out / "matrix.html").read_text(encoding="utf-8"))
+    assert len(parser.cells) == 9 * 9  # the global panel's rows; the local one has none
+
+
+def test_a_matrix_stopped_before_any_trial_still_draws_its_grid_of_pairs_not_run() -> None:
+    summary = {"command": "matrix", "target": "t", "libraries": ["a", "b"], "flags": ["global"],
+               "trials": 0, "findings": [], "incomplete": True}
+    parser = EveryCell()
+    parser.feed(matrix_html.render_html(view.CampaignView.of(summary, [])))
+    assert [c["class"] for c in parser.cells if "not-run" in c.get("class", "")]
+    assert len(parser.cells) == 4
+
+
 def test_a_matrix_of_many_libraries_carries_a_trial_only_in_the_cells_of_findings(
         tmp_path: Path) -> None:
     summary, trials = large_campaign(libraries=matrix_html.COMPACT_FROM)

@@ -266,8 +266,7 @@ def render_html(campaign: CampaignView) -> str:
         resume = f" Continue with <code>{_e(summary['resume'])}</code>." if summary.get("resume") else ""
         parts.append(f'<p class="verdict bad"><strong>Incomplete</strong>: the campaign was '
                      f"stopped before the end; this page shows the trials that finished.{resume}</p>")
-    if pairs:
-        shown = set(campaign.rows())
+    if pairs or summary.get("command") == "matrix":  # (none ran: every cell is "not run")
         legend = "".join(
             f'<span class="item"><span class="swatch {state}">{glyph}</span>{_e(text)}'
             f' <span class="count" data-count-for="{state}"></span></span>'
@@ -281,7 +280,7 @@ def render_html(campaign: CampaignView) -> str:
             f'<div class="legend">{legend}</div>',
             '<div id="details">Hover over a cell to see its trial; click to pin it.</div>',
             '<div class="panels">',
-            *(_html_panel(campaign, mode, libraries, pairs, shown)
+            *(_html_panel(campaign, mode, libraries, pairs, set(campaign.rows(mode)))
               for mode in campaign.flags_modes()),
             "</div>",
         ]

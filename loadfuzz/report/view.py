@@ -133,13 +133,15 @@ class CampaignView:
         named = (s["lib"] for r in self.pair_records() for s in r["sequence"])
         return list(dict.fromkeys([*self.summary.get("libraries", []), *named]))
 
-    def rows(self) -> list[str]:
-        """The libraries whose rows a matrix shows: every one; for a shard (`--shard`), those
-        that are the first library of a pair it ran (its other rows are other shards')."""
+    def rows(self, mode: str | None = None) -> list[str]:
+        """The libraries whose rows a matrix shows (in flags `mode`, or any): every one; for a
+        shard (`--shard`), those that are the first library of a pair it ran (in that mode: its
+        other rows are other shards')."""
         libraries = self.libraries()
         if not self.summary.get("shard"):
             return libraries
-        firsts = {r["sequence"][0]["lib"] for r in self.pair_records()}
+        firsts = {r["sequence"][0]["lib"] for r in self.pair_records()
+                  if mode is None or flags_mode(r) == mode}
         return [lib for lib in libraries if lib in firsts]
 
     def flags_modes(self) -> list[str]:
