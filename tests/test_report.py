@@ -256,6 +256,15 @@ def test_report_md_shows_each_finding_with_its_repro_and_why(tmp_path: Path) -> 
     assert "executorch.toml:entry 3" in stale
 
 
+def test_report_md_shows_prose_as_written_not_as_markup(tmp_path: Path) -> None:
+    summary, trials = campaign()
+    why = "known <b>dup</b> | see [the bug](http://x) *twice* in `_C` and lib_foo_bar ~old~"
+    summary["expected"][0]["why"] = why
+    text = report.markdown_summary(summary, trials)
+    assert ("known &lt;b&gt;dup&lt;/b&gt; \\| see \\[the bug\\](http://x) \\*twice\\* in "
+            "\\`\\_C\\` and lib_foo_bar \\~old\\~") in text
+
+
 def test_report_md_keeps_awkward_ids_inside_code_spans(tmp_path: Path) -> None:
     summary, trials = campaign(extra=AWKWARD)
     text = report.markdown_summary(summary, trials)

@@ -42,9 +42,16 @@ def _md_block(text: str, lang: str = "") -> str:
     return f"{fence}{lang}\n{text}\n{fence}"
 
 
+# What Markdown would read as markup in prose: backslashes, code spans, emphasis, links, table
+# cells, strike-through; `_` only at a word's edge (in a word, as in lib_foo, it is text)
+MARKUP = re.compile(r"[\\`*\[\]|~]|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z])")
+
+
 def _md_text(text: str) -> str:
-    """Prose from a user (an expectation's why) as one escaped Markdown line."""
-    return html.escape(" ".join(visible(text).split()), quote=False)
+    """Prose (an expectation's why, a cause's text, which names libraries) as one Markdown line
+    that reads as written: markup characters and HTML escaped."""
+    escaped = html.escape(" ".join(visible(text).split()), quote=False)
+    return MARKUP.sub(lambda found: "\\" + found.group(), escaped)
 
 
 def _md_finding(campaign: CampaignView, number: int, record: Mapping[str, Any]) -> list[str]:
