@@ -261,7 +261,7 @@ def summarize(campaign: Prepared, records: Iterable[TrialRecord], findings: Sequ
         "fail_on": campaign.settings.fail_on,
         "expected": [{"record": r.to_json(), "why": e.why} for r, e in expected],
         "expectations": [e.to_json() for e in campaign.expectations],
-        "preload": [str(step.path) for step in trials.preload],
+        "preload": list(dict.fromkeys(str(step.path) for step in trials.preload)),
         "throughput": round(len(records) / elapsed_s, 1) if elapsed_s > 0 else None,
         "disagreements": [d.to_json() for d in trials.disagreements],
         "environment": [r.to_json() for r in environment],

@@ -475,3 +475,15 @@ def test_a_shards_grids_show_the_rows_it_ran_and_a_whole_campaigns_every_row(
     parser.feed(page)
     assert len(parser.cells) == 120 * 120  # the rows that did not run are shown as not run
     assert len(matrix_text(whole, records).splitlines()) == 2 + 120
+
+
+def test_a_campaign_of_several_targets_names_its_junit_suite_after_each_and_lists_preloads_once(
+        tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = loadfuzz("matrix", FIXTURES / "interpose", FIXTURES / "environment", "--flags",
+                    "global,python", "--out", out)
+    assert done.returncode in (0, 1), done.stderr
+    suite = ET.parse(out / "junit.xml").getroot().find("testsuite")
+    assert suite.get("name") == "loadfuzz.interpose-unversioned_environment-unversioned"
+    preload = json.loads((out / "summary.json").read_text())["preload"]
+    assert preload and len(preload) == len(set(preload))

@@ -72,7 +72,9 @@ def target_name(target: str) -> str:
 
 def render_junit(campaign: CampaignView, per: str) -> str:
     summary = campaign.summary
-    classname = f"loadfuzz.{target_name(str(summary.get('target', '')))}"
+    # several targets: their labels (`<name>-<version>`), however their paths were written
+    targets = summary.get("targets") or [summary.get("target", "")]
+    classname = "loadfuzz." + "_".join(target_name(str(target)) for target in targets)
     suites = ET.Element("testsuites")
     suite = ET.SubElement(suites, "testsuite", name=classname)
     if per == "pair":
