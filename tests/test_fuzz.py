@@ -471,6 +471,7 @@ def test_a_campaign_stopped_before_a_phase_took_in_its_trials_still_reports_them
     summary = json.loads((out / "summary.json").read_text())
     assert summary["incomplete"] and summary["trials"] == len(lines) > 0
     assert summary["findings"] and {f["phase"] for f in summary["found"]} == {"stopped"}
+    assert all(f["cause"]["evidence"] == "static" and f["fixes"] for f in summary["findings"])
     assert summary["max_len"] == 4 and summary["db"] == str(tmp_path / "db")
     assert "no trial ran" not in (out / "report.md").read_text()
 

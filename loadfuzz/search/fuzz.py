@@ -218,6 +218,7 @@ def run_fuzz(campaign: Prepared, options: FuzzOptions, watcher: Watcher,
                             time.monotonic() - findings.started, 2)))
                 kept = sorted(findings.found.values(),
                               key=lambda record: simplicity(record.sequence, findings.options))
+                kept = [explained(trials, record) for record in kept]
                 remember(inv, db, kept)  # unconfirmed: the next campaign's replay confirms them
                 write_partial(campaign, records, kept, trials, started,
                               time.monotonic() - clock, "finding", seed=base_seed,
@@ -239,6 +240,14 @@ def run_fuzz(campaign: Prepared, options: FuzzOptions, watcher: Watcher,
         watcher.close()
         campaign.folder.close()
     return summary, records
+
+
+def explained(trials: Trials, record: TrialRecord) -> TrialRecord:
+    """A finding as it is, or, not confirmed (a stopped campaign's), explained from the ELF
+    files: every finding of a summary has its cause."""
+    if record.cause is not None or trials.explainer is None:
+        return record
+    return trials.explainer.explain(record, None)
 
 
 def found_entries(findings: Findings, records: Sequence[TrialRecord]) -> list[dict[str, Any]]:
