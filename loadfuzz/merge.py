@@ -31,7 +31,7 @@ from loadfuzz.classify import environment_signatures
 from loadfuzz.elf.read import BadElf, ElfReader
 from loadfuzz.expect import Expectation, classify_findings
 from loadfuzz.model import Flags, Key, Role, StepKind, TrialRecord, UsageError, json_key, sequence_key, spell_sequence
-from loadfuzz.predict import MOST_DISAGREEMENTS, shared_definitions
+from loadfuzz.predict import MOST_DISAGREEMENTS, flags_decide, shared_definitions
 from loadfuzz.results import LOCK, ResultsFolder, check_step_summary, finished_summary, holds_results, usable
 from loadfuzz.search.shrink import Identity, simplicity
 
@@ -273,22 +273,18 @@ def interposition(shards: Sequence[ShardFolder], records: Sequence[dict]) -> lis
     shard's entry, else from the two library files when they are on this machine."""
     known = {(e["first"], e["second"]): e["shared_symbols"]
              for shard in shards for e in shard.summary.get("interposition", [])}
-    modes: dict[tuple[str, str], dict[str, str]] = {}
-    repro: dict[tuple[str, str], str] = {}
-    for record in records:
-        first, second = record["sequence"]
-        pair = (first["lib"], second["lib"])
-        modes.setdefault(pair, {})[first["flags"]] = record["outcome"]
-        repro[pair] = record["repro"]
+    pairs = [r for r in records if len(r["sequence"]) == 2]
+    repro = {(r["sequence"][0]["lib"], r["sequence"][1]["lib"]): r["repro"] for r in pairs}
     reader = None
     found = []
-    for pair, outcomes in sorted(modes.items()):
-        if len(outcomes) == 2 and len(set(outcomes.values())) == 2:
-            symbols = known.get(pair)
-            if symbols is None:
-                reader = reader or ElfReader()
-                symbols = shared_symbols(reader, repro[pair])
-            found.append({"first": pair[0], "second": pair[1], **outcomes, "shared_symbols": symbols})
+    for pair, outcomes in flags_decide((first["lib"], first["flags"], second["lib"],
+                                        second["flags"], r["outcome"])
+                                       for r in pairs for first, second in [r["sequence"]]).items():
+        symbols = known.get(pair)
+        if symbols is None:
+            reader = reader or ElfReader()
+            symbols = shared_symbols(reader, repro[pair])
+        found.append({"first": pair[0], "second": pair[1], **outcomes, "shared_symbols": symbols})
     return found
 
 

@@ -326,19 +326,24 @@ def interposition(inv: Inventory, records: Iterable[TrialRecord]) -> list[dict]:
     Those symbols are why the flags matter: under `global` the second library's
     calls to them bind to the first library's copy.
     """
+    trials = ((r.sequence[0].lib, r.sequence[0].flags.value, r.sequence[1].lib,
+               r.sequence[1].flags.value, r.outcome.value) for r in records if len(r.sequence) == 2)
+    return [{"first": first, "second": second, **outcomes, "shared_symbols": list(
+                shared_definitions(*(inv.link_map.files[inv.get(lib).path] for lib in (first, second))))}
+            for (first, second), outcomes in flags_decide(trials).items()]
+
+
+def flags_decide(trials: Iterable[tuple[str, str, str, str, str]],
+                 ) -> dict[tuple[str, str], dict[str, str]]:
+    """(first, second) -> {"global": outcome, "local": outcome}, in order, for the pairs whose
+    outcome differs between the two modes; each trial given as (first library, its flags,
+    second library, its flags, outcome). Other modes (`python`, mixed) are left out."""
     modes: dict[tuple[str, str], dict[str, str]] = {}
-    for record in records:
-        first, second = record.sequence if len(record.sequence) == 2 else (None, None)
-        if first and first.flags is second.flags and first.flags in (Flags.GLOBAL, Flags.LOCAL):
-            pair = (first.lib, second.lib)
-            modes.setdefault(pair, {})[record.sequence[0].flags.value] = record.outcome.value
-    found = []
-    for (first, second), outcomes in sorted(modes.items()):
-        if len(outcomes) == 2 and len(set(outcomes.values())) == 2:
-            facts = [inv.link_map.files[inv.get(lib).path] for lib in (first, second)]
-            found.append({"first": first, "second": second, **outcomes,
-                          "shared_symbols": list(shared_definitions(*facts))})
-    return found
+    for first, first_flags, second, second_flags, outcome in trials:
+        if first_flags == second_flags and first_flags in (Flags.GLOBAL.value, Flags.LOCAL.value):
+            modes.setdefault((first, second), {})[first_flags] = outcome
+    return {pair: outcomes for pair, outcomes in sorted(modes.items())
+            if len(outcomes) == 2 and len(set(outcomes.values())) == 2}
 
 
 MOST_DISAGREEMENTS = 100  # listed in a summary; the count is always whole

@@ -424,3 +424,26 @@ def test_shards_given_a_relative_baseline_merge_from_any_folder(tmp_path):
     done = loadfuzz("merge", "ci/s1", "ci/s2", "--out", "merged-2", cwd=tmp_path)
     assert done.returncode == 2
     assert f"the shards' --baseline {tmp_path / 'ci' / 'last'} (merge compares" in done.stderr
+
+
+@pytest.mark.parametrize("flags", ["global,local,python", "global,python"])
+def test_merged_shards_name_the_pairs_where_the_flags_decide_as_the_whole_campaign_does(
+        tmp_path, flags):
+    # with a third mode the merge saw three outcomes a pair and found none; with `python` and
+    # one other it listed a pair with no `local`, which the report then failed to print
+    target = ROOT / "build" / "fixtures" / "interpose"
+
+    def campaign(out, *shard):
+        done = loadfuzz("matrix", target, "--flags", flags, *shard, "--out", out, "--json")
+        assert done.returncode in (0, 1), done.stderr
+        return json.loads(done.stdout)
+
+    whole = campaign(tmp_path / "whole")
+    for k in (1, 2):
+        campaign(tmp_path / f"shard{k}", "--shard", f"{k}/2")
+    done = loadfuzz("merge", tmp_path / "shard1", tmp_path / "shard2", "--out",
+                    tmp_path / "merged", "--json")
+    assert done.returncode in (0, 1), done.stderr
+    merged = json.loads(done.stdout)
+    assert merged["interposition"] == whole["interposition"]
+    assert bool(whole["interposition"]) == ("local" in flags)
