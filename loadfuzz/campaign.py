@@ -24,8 +24,7 @@ from typing import Any, Protocol
 
 from loadfuzz import plan, predict
 from loadfuzz.baseline import Baseline
-from loadfuzz.classify import environment_signatures
-from loadfuzz.expect import Expectation, classify_findings
+from loadfuzz.expect import Expectation, sort_findings
 from loadfuzz.inventory import Inventory, Library
 from loadfuzz.model import Key, TrialRecord, UsageError, new_and_unexpected, sequence_key
 from loadfuzz.model import Sequence as Steps
@@ -237,10 +236,7 @@ def summarize(campaign: Prepared, records: Iterable[TrialRecord], findings: Sequ
               trials: Trials, started: str, elapsed_s: float, **extra: Any) -> dict[str, Any]:
     """The `--json` object of a campaign, plus what the reports show besides."""
     records = list(records)
-    environmental = environment_signatures()
-    environment = [r for r in findings if r.signature in environmental]
-    counted = [r for r in findings if r.signature not in environmental]
-    expected, unexpected, stale = classify_findings(counted, campaign.expectations)
+    expected, unexpected, stale, environment = sort_findings(findings, campaign.expectations)
     shard = campaign.settings.shard
     if campaign.baseline is not None:
         extra["baseline"] = campaign.baseline.compare([r.to_json() for r in findings],

@@ -191,3 +191,19 @@ def classify_findings(
             unexpected.append(record)
     stale = [entry for entry in entries if entry not in used]
     return expected, unexpected, stale
+
+
+def sort_findings(findings: Iterable[TrialRecord], expectations: Iterable[Expectation],
+                  ) -> tuple[list[tuple[TrialRecord, Expectation]], list[TrialRecord],
+                             list[Expectation], list[TrialRecord]]:
+    """(expected, unexpected, stale, environment): `classify_findings` of the findings that
+    count, after the problems of the environment (a missing Python module: a signature marked
+    `environment`), which never count, were set apart; the one rule for every command and the
+    pytest plugin."""
+    from loadfuzz.classify import environment_signatures
+
+    environmental = environment_signatures()
+    findings = [r for r in findings if not r.clean]
+    environment = [r for r in findings if r.signature in environmental]
+    counted = [r for r in findings if r.signature not in environmental]
+    return (*classify_findings(counted, expectations), environment)

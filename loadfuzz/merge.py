@@ -27,9 +27,8 @@ from typing import Any
 
 from loadfuzz import plan, scratch
 from loadfuzz.baseline import Baseline
-from loadfuzz.classify import environment_signatures
 from loadfuzz.elf.read import BadElf, ElfReader
-from loadfuzz.expect import Expectation, classify_findings
+from loadfuzz.expect import Expectation, sort_findings
 from loadfuzz.model import Flags, Key, Role, StepKind, TrialRecord, UsageError, json_key, sequence_key, spell_sequence
 from loadfuzz.predict import MOST_DISAGREEMENTS, flags_decide, shared_definitions
 from loadfuzz.results import LOCK, ResultsFolder, check_step_summary, finished_summary, holds_results, usable
@@ -231,12 +230,11 @@ def fuzz_findings(shards: Sequence[ShardFolder]) -> tuple[list[dict], list[dict]
 def classified(findings: Sequence[dict], entries: Iterable[Mapping[str, Any]]) -> dict[str, list]:
     """"unexpected", "stale" and "expected" of the summary, by the expectations over the whole,
     and "environment": the problems of the environment, which never count (as in a campaign)."""
-    environmental = environment_signatures()
-    environment = [f for f in findings if f.get("signature") in environmental]
-    findings = [f for f in findings if f.get("signature") not in environmental]
     typed = [TrialRecord.from_json(finding, nowhere) for finding in findings]
     as_json = {id(record): finding for record, finding in zip(typed, findings, strict=True)}
-    expected, unexpected, stale = classify_findings(typed, map(Expectation.from_json, entries))
+    expected, unexpected, stale, environmental = sort_findings(
+        typed, map(Expectation.from_json, entries))
+    environment = [as_json[id(r)] for r in environmental]
     return {"unexpected": [as_json[id(r)] for r in unexpected],
             "stale": [entry.to_json() for entry in stale],
             "expected": [{"record": as_json[id(r)], "why": entry.why} for r, entry in expected],

@@ -165,13 +165,16 @@ class PairPlugin:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.records:
             return
-        from loadfuzz.expect import classify_findings
+        from loadfuzz.expect import sort_findings
 
-        expected, unexpected, stale = classify_findings(self.records, self.check.expectations)
+        expected, unexpected, stale, environment = sort_findings(self.records,
+                                                                 self.check.expectations)
         terminalreporter.section("loadfuzz")
         findings = len(expected) + len(unexpected)
         terminalreporter.line(f"{len(self.records)} load orders run, {findings} findings: "
-                              f"{len(expected)} expected, {len(unexpected)} unexpected")
+                              f"{len(expected)} expected, {len(unexpected)} unexpected"
+                              + (f"; {len(environment)} problems of the environment (skipped)"
+                                 if environment else ""))
         for entry in stale:
             terminalreporter.line(f"expectation that matched nothing run here: {entry.source} "
                                   f"({entry.first} x {entry.second}, {entry.outcome.value})")
@@ -207,11 +210,15 @@ class PairItem(pytest.Item):
         self.add_marker("loadfuzz")
 
     def runtest(self) -> None:
+        from loadfuzz.classify import environment_signatures
+
         check = self.config.stash[CHECK]
         record = check.trials().run(self.sequence)
         self.user_properties.append((RECORD_PROPERTY, json.dumps(record.to_json())))
         if record.clean:
             return
+        if record.signature in environment_signatures():  # never a finding, as in a campaign
+            pytest.skip(f"a problem of the environment, not a collision: {headline(record)}")
         entry = check.covering(record)
         if entry is not None:
             pytest.xfail(f"{headline(record)}; expected ({entry.source}): {entry.why}")

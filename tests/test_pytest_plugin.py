@@ -175,6 +175,19 @@ def test_a_folder_target_with_a_crashing_library_fails_both_orders_at_its_step(t
             f"{signal.SIGSEGV.name} at step 1 (libfx_segv.so)") in run.stdout
 
 
+def test_a_missing_python_module_is_skipped_as_a_problem_of_the_environment_as_matrix_files_it(
+        tmp_path):
+    # the fixture extension imports a module nobody installed: `matrix` files it under
+    # `environment` and exits 0; the plugin failed those pairs as unexpected findings
+    shutil.copytree(ROOT / "build" / "fixtures" / "environment", tmp_path / "libs")
+    run = pytest_in(tmp_path, "--loadfuzz", "libs", "--loadfuzz-flags", "python",
+                    "--junitxml", "env.xml")
+    tests = results(tmp_path / "env.xml")
+    assert run.returncode == pytest.ExitCode.OK, run.stdout[-2000:]
+    assert "skipped" in {state for state, _ in tests.values()}
+    assert "problems of the environment (skipped)" in run.stdout
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--loadfuzz", "no-such-distribution"], "no such file, directory or installed distribution"),
     (["--loadfuzz", "executorch", "--loadfuzz-flags", "global,sideways"], "unknown flags mode"),
