@@ -260,6 +260,10 @@ def test_a_name_or_message_with_control_characters_cannot_drive_the_terminal(tmp
     assert grid[2].endswith("lib\\x1b[31mred.so") and grid[3].endswith("seg\\nv.so"), grid
     ran = loadfuzz("run", libs / "lib\x1b]0;TITLE\x07seg\nv.so")
     assert ran.returncode == 1 and not any(c in ran.stdout for c in "\x1b\x07"), ran.stdout
+    os.link(libs / "lib\x1b[31mred.so", libs / "lib\x1b[31mred2.so")  # a warning names both
+    scanned = loadfuzz("scan", libs)
+    assert scanned.returncode == 0 and not any(c in scanned.stdout + scanned.stderr
+                                               for c in "\x1b\x07"), scanned.stdout
 
 
 @pytest.mark.parametrize("command", ["matrix", "fuzz"])

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from loadfuzz.cli import printing
 from loadfuzz.cli.printing import Progress
 from loadfuzz.model import Outcome, UsageError
+from loadfuzz.report.view import visible
 
 # What a command needs is imported inside it: `scan` must not pay for Hypothesis, the
 # campaign, the reports, the harness pool or pyelftools (the start-up of every command is
@@ -140,7 +141,7 @@ def prepared(settings: CampaignSettings, command: str, **options: Any) -> Prepar
 
     campaign = prepare(settings, command, **options)
     for warning in campaign.inv.warnings:
-        print(f"loadfuzz: warning: {warning}", file=sys.stderr)
+        print(f"loadfuzz: warning: {visible(warning)}", file=sys.stderr)
     return campaign
 
 
@@ -216,7 +217,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     except KeyboardInterrupt as stop:
         return interrupted(campaign, stop)
     for warning in summary["warnings"]:
-        print(f"loadfuzz: warning: {warning}", file=sys.stderr)
+        print(f"loadfuzz: warning: {visible(warning)}", file=sys.stderr)
     if args.json:
         printing.print_json(summary)
     else:

@@ -81,7 +81,7 @@ def scan_text(inv: Inventory, predictions: Sequence[Prediction]) -> str:
                          f"{p.outcome.value} {p.op or ''} ({p.confidence} confidence)")
             lines.append(f"      {p.why}")
     lines += [f"warning: {warning}" for warning in inv.warnings]
-    return "\n".join(lines)
+    return "\n".join(map(visible, lines))  # (a row's id is escaped already, for its width)
 
 
 # --- run -------------------------------------------------------------------------------
