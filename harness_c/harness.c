@@ -802,7 +802,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(opt, "--status")) status = atoi(val);
         else if (!strcmp(opt, "--parent")) parent = atol(val);
         else if (!strcmp(opt, "--preload") || !strcmp(opt, "--preload-global")) {
-            int flags = RTLD_NOW | (opt[9] == '-' ? RTLD_GLOBAL : RTLD_LOCAL);
+            int flags = RTLD_NOW | (!strcmp(opt, "--preload-global") ? RTLD_GLOBAL : RTLD_LOCAL);
             unsigned handlers = fork_handlers;
             if (!dlopen(val, flags)) preload_error(status, dlerror());
             if (fork_handlers != handlers) /* (a Python preload's are accepted: protocol.md) */

@@ -3,7 +3,7 @@
 No library is loaded. A `Process` keeps what the dynamic loader keeps: which
 files are in, under which names, and the global scope. Each step loads a
 library's dependency list (the loader's breadth-first search list, shared
-with `inventory.LinkMap`), runs the constructors of the objects it brought
+with `elf.loader.LinkMap`), runs the constructors of the objects it brought
 in, dependencies first, and each constructor that registers operators calls
 its registry's entry point. That call binds the way ld.so binds it:
 

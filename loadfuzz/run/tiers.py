@@ -53,11 +53,10 @@ from loadfuzz.model import Flags, Step, StepKind
 from loadfuzz.model import Sequence as Steps
 from loadfuzz.run.harness import HarnessStep
 from loadfuzz.run.rebinding import Rebinding, cold_steps
-from loadfuzz.run.standins import HEAVY_BYTES, STARTS_LOADED, StandIns
+from loadfuzz.run.standins import C_LIBRARY, HEAVY_BYTES, STARTS_LOADED, StandIns
 
 LIGHT, PYTHON, HEAVY = 0, 1, 2
-# The C library and the loader: already in every harness process.
-ALWAYS_LOADED = ("libc.so", "libdl.so", "libpthread.so", "librt.so", "libm.so", "ld-linux")
+ALWAYS_LOADED = C_LIBRARY  # the C library and the loader: already in every harness process
 
 
 def preload_for(libraries: Sequence[Library], link_map: LinkMap | None = None,

@@ -205,7 +205,7 @@ def run_fuzz(campaign: Prepared, options: FuzzOptions, watcher: Watcher,
                     warnings.append(f"the search ran no trial before its budget "
                                     f"({options.budget_s:g} s) ended: only the replay and "
                                     f"predicted phases ran; give it a longer --budget")
-                confirmed = confirm_all(findings, trials, settings_.run.jobs)
+                confirmed = confirm_all(findings, settings_.run.jobs)
             except BaseException:
                 trials.close()
                 # every trial that reached trials.jsonl, though a phase stopped before it
@@ -257,7 +257,7 @@ def found_entries(findings: Findings, records: Sequence[TrialRecord]) -> list[di
              "after_s": findings.origins[Identity.of(r)][1]} for r in records]
 
 
-def confirm_all(findings: Findings, trials: Trials, jobs: int) -> list[TrialRecord]:
+def confirm_all(findings: Findings, jobs: int) -> list[TrialRecord]:
     """The findings, simplest first, each confirmed cold (`jobs` at a time; those the search
     confirmed while it waited are not run again); one the cold run calls clean is no finding
     (the disagreement is kept in the summary)."""

@@ -5,7 +5,8 @@ loaded: `local`, `global`, `python` when `--flags` has it, or a `py:` import
 for a Python extension) whose first
 step is one of this process's, in rounds of a fixed number of examples. A
 failure raises an exception whose *type* is made from its identity, so
-Hypothesis tells failures apart and shrinks each one on its own; `target()`
+Hypothesis tells failures apart (it does not shrink them here: the campaign's
+process simplifies each distinct failure once, `shrink`); `target()`
 pulls the search towards sequences the prediction calls dangerous, but nothing
 it calls safe is skipped. A failure already known is not raised again, so it
 cannot hide the next one.
@@ -40,7 +41,8 @@ def sequences(options: Sequence[Step], first: Sequence[Step], max_len: int) -> s
 @dataclass
 class Search:
     """The Hypothesis rounds of one search process (mutable, owned by a worker): each failure
-    it raises is a distinct one as far as this process knows, Hypothesis-shrunk, not simplified."""
+    it raises is a distinct one as far as this process knows, as drawn: neither shrunk nor
+    simplified (the campaign simplifies it once)."""
 
     inv: Inventory
     run: RunOnce

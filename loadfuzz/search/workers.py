@@ -10,8 +10,10 @@ Hypothesis found it, to the campaign's process over a pipe of its own (its
 descriptor is its one argument); the campaign's process is the only writer of
 the results folder, so every record reaches `trials.jsonl` whole, and it
 simplifies each failure once (`Findings.keep`) as they come. On the worker's
-stdin come its assignment, then the (rough) identity of each failure another
-worker found, so that it does not raise it again. Every message is a
+stdin come its assignment, the probes' answers (which Python steps import
+torch first, `run/warm.py`) when the campaign has them, and the (rough)
+identity of each failure another worker found, so that it does not raise it
+again. Every message is a
 length-prefixed pickle.
 
 Stopping: at the budget's end every worker finishes its trial and says
