@@ -14,7 +14,8 @@ import tomllib
 from dataclasses import dataclass
 from importlib import resources
 
-from loadfuzz.model import Evidence, Outcome, Verdict, signal_name
+from loadfuzz.model import Evidence, Outcome, Verdict
+from loadfuzz.spelling import signal_name
 
 DETAIL_LIMIT = 300
 # Terminal colour and cursor codes (CSI sequences), which loggers put inside a message.

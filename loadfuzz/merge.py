@@ -29,10 +29,11 @@ from loadfuzz import plan, scratch
 from loadfuzz.baseline import Baseline
 from loadfuzz.elf.read import BadElf, ElfReader
 from loadfuzz.expect import Expectation, sort_findings
-from loadfuzz.model import Flags, Key, Role, StepKind, TrialRecord, UsageError, json_key, sequence_key, spell_sequence
+from loadfuzz.model import Flags, Key, Role, StepKind, TrialRecord, UsageError, json_key, sequence_key
 from loadfuzz.predict import MOST_DISAGREEMENTS, flags_decide, shared_definitions
 from loadfuzz.results import LOCK, ResultsFolder, check_step_summary, finished_summary, holds_results, usable
 from loadfuzz.search.shrink import Identity, simplicity
+from loadfuzz.spelling import spell_sequence
 
 # What makes two shards shards of one campaign (besides N): these keys of their summaries.
 CAMPAIGN = ("command", "target", "version", "flags", "libraries", "expectations", "max_len")

@@ -196,7 +196,7 @@ class Pairs(pytest.Collector):
 
 def pair_id(seq: Sequence) -> str:
     """`<first id> -> <second id> @ <flags>`: how people spell a load order."""
-    from loadfuzz.model import spell_sequence
+    from loadfuzz.spelling import spell_sequence
 
     return spell_sequence(step.to_json() for step in seq)
 
@@ -218,10 +218,10 @@ class PairItem(pytest.Item):
         if record.clean:
             return
         if record.signature in environment_signatures():  # never a finding, as in a campaign
-            pytest.skip(f"a problem of the environment, not a collision: {headline(record)}")
+            pytest.skip(f"a problem of the environment, not a collision: {failure_headline(record)}")
         entry = check.covering(record)
         if entry is not None:
-            pytest.xfail(f"{headline(record)}; expected ({entry.source}): {entry.why}")
+            pytest.xfail(f"{failure_headline(record)}; expected ({entry.source}): {entry.why}")
         raise PairFailed(record)
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
@@ -238,26 +238,26 @@ class PairFailed(Exception):
     """A load order that was not clean and no expectation covers."""
 
     def __init__(self, record: TrialRecord) -> None:
-        super().__init__(headline(record))
+        super().__init__(failure_headline(record))
         self.record = record
 
 
-def headline(record: TrialRecord) -> str:
+def failure_headline(record: TrialRecord) -> str:
     """`reregister executorch-reregister quantized_decomposed::add.out at step 1 (extra/p.so)`."""
-    from loadfuzz import model
+    from loadfuzz import spelling
 
     where = f" at step {record.step} ({record.sequence[record.step].lib})" if (
         record.step is not None) else ""
-    return model.headline(record.to_json()) + where
+    return spelling.headline(record.to_json()) + where
 
 
 def failure_text(record: TrialRecord) -> str:
     """What a failed pair shows: the headline first (pytest's summary line), the record last."""
-    from loadfuzz.model import explanation
+    from loadfuzz.spelling import explanation
 
     data = record.to_json()
     return "\n".join([
-        headline(record),
+        failure_headline(record),
         f"detail: {record.detail}",
         *explanation(data),
         f"repro:  {record.repro}",

@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from loadfuzz.model import GLYPHS, TrialRecord, explanation, spell_sequence, step_label
+from loadfuzz.model import TrialRecord, step_label
 from loadfuzz.report.view import visible
+from loadfuzz.spelling import GLYPHS, explanation, spell_sequence
 
 if TYPE_CHECKING:  # only named in annotations: printing stays cheap to import
     from loadfuzz.inventory import Inventory, Library

@@ -19,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from loadfuzz.model import GLYPHS, explanation, headline, step_label
+from loadfuzz.model import step_label
 from loadfuzz.report.output import write_file
 from loadfuzz.report.view import (
     ENVIRONMENT_WHY,
@@ -29,6 +29,7 @@ from loadfuzz.report.view import (
     repro_path,
     visible,
 )
+from loadfuzz.spelling import GLYPHS, explanation, headline
 
 # Heatmap cell states: glyph (so colour is not the only cue), colour, legend text.
 _COLOURS_AND_TEXT: dict[str, tuple[str, str]] = {

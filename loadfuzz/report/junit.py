@@ -15,7 +15,6 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from loadfuzz.model import explanation, headline
 from loadfuzz.report.output import write_file
 from loadfuzz.report.view import (
     ENVIRONMENT_WHY,
@@ -23,6 +22,7 @@ from loadfuzz.report.view import (
     json_key,
     sequence_label,
 )
+from loadfuzz.spelling import explanation, headline
 
 # Characters XML 1.0 cannot carry at all, even as references: the complement of its Char
 # production (tab, newline, return, U+0020-U+D7FF, U+E000-U+FFFD, U+10000-U+10FFFF), spelled

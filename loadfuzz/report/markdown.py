@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from loadfuzz.model import headline, plain_dlopens, signal_name, spell_sequence, step_label
+from loadfuzz.model import step_label
 from loadfuzz.report.output import write_file
 from loadfuzz.report.view import (
     ENVIRONMENT_WHY,
@@ -25,6 +25,7 @@ from loadfuzz.report.view import (
     repro_path,
     visible,
 )
+from loadfuzz.spelling import headline, plain_dlopens, signal_name, spell_sequence
 
 
 def _md_code(text: str) -> str:

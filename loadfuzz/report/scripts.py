@@ -11,9 +11,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from loadfuzz.model import headline, step_label
+from loadfuzz.model import step_label
 from loadfuzz.report.output import write_file
 from loadfuzz.report.view import ended_in, script_name, visible
+from loadfuzz.spelling import headline
 
 _SCRIPT_NAME = re.compile(r"^\d{3,}\.sh$")
 

@@ -23,7 +23,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from loadfuzz.model import Key, Outcome, json_key, new_and_unexpected, spell_sequence, step_label
+from loadfuzz.model import Key, Outcome, json_key, new_and_unexpected, step_label
+from loadfuzz.spelling import spell_sequence
 
 # The outcomes, in the order of the legend and of the outcome table.
 OUTCOME_ORDER = tuple(outcome.value for outcome in Outcome)
@@ -179,7 +180,7 @@ def visible(text: str) -> str:
 
 
 def sequence_label(record: Mapping[str, Any]) -> str:
-    """The trial's steps as people read them (see `model.spell_sequence`)."""
+    """The trial's steps as people read them (see `spelling.spell_sequence`)."""
     return spell_sequence(record["sequence"])
 
 
