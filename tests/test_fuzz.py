@@ -22,12 +22,13 @@ import hypothesis
 import psutil
 import pytest
 
-from loadfuzz.campaign import Quiet, RunOnce
+from loadfuzz.campaign import Quiet
 from loadfuzz.model import Flags, Outcome, Role, Step, StepKind, Stopped, TrialRecord
 from loadfuzz.plan import step_options
 from loadfuzz.run.harness import Limits
 from loadfuzz.run.trials import Trials
 from loadfuzz.search.fuzz import Findings, shrink_until
+from loadfuzz.search.once import RunOnce
 from loadfuzz.search.shrink import simplify
 from loadfuzz.search.workers import Outbox
 from support import FIXTURES, LOADFUZZ, alive, loadfuzz

@@ -37,13 +37,14 @@ from typing import Any
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from loadfuzz import plan, predict
-from loadfuzz.campaign import Prepared, RunOnce, Watcher, run_work, summarize, write_partial
+from loadfuzz.campaign import Prepared, Watcher, run_work, summarize, write_partial
 from loadfuzz.inventory import Inventory
 from loadfuzz.model import Flags, Key, Step, StepKind, TrialRecord, normal_id
 from loadfuzz.model import Sequence as Steps
 from loadfuzz.results import usable, utc_now
 from loadfuzz.run.trials import Trials, is_python
 from loadfuzz.search import workers
+from loadfuzz.search.once import RunOnce
 from loadfuzz.search.shrink import Identity, simplicity, simplify
 
 

@@ -30,13 +30,14 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from loadfuzz import predict, report
-from loadfuzz.campaign import Prepared, RunOnce, Watcher
+from loadfuzz.campaign import Prepared, Watcher
 from loadfuzz.classify import load_catalogue
 from loadfuzz.elf.opnames import carries_op
 from loadfuzz.inventory import Inventory, Library
 from loadfuzz.model import Flags, TrialRecord, UsageError
 from loadfuzz.model import Sequence as Steps
 from loadfuzz.plan import dlopen, step_options
+from loadfuzz.search.once import RunOnce
 from loadfuzz.search.shrink import simplify
 
 MOST_TRIALS = 2000  # a bound on the orders tried before giving up

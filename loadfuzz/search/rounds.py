@@ -23,10 +23,10 @@ from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
 from loadfuzz import hostenv, predict
-from loadfuzz.campaign import RunOnce
 from loadfuzz.inventory import Inventory
 from loadfuzz.model import Sequence as Steps
 from loadfuzz.model import Step, TrialRecord
+from loadfuzz.search.once import RunOnce
 from loadfuzz.search.shrink import Identity
 
 ROUND_EXAMPLES = 150  # examples per Hypothesis round; the budget is checked between rounds

@@ -43,11 +43,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from loadfuzz.campaign import Quiet, RunOnce
+from loadfuzz.campaign import Quiet
 from loadfuzz.inventory import Inventory, Library
 from loadfuzz.merge import added
 from loadfuzz.model import Step, Stopped, TrialRecord
 from loadfuzz.run.processes import PIPE_READ
+from loadfuzz.search.once import RunOnce
 from loadfuzz.search.rounds import Search
 from loadfuzz.search.shrink import Identity
 from loadfuzz.settings import RunSettings
@@ -94,7 +95,7 @@ class Report:
     jobs: int = 0
     rounds: int = 0
     searched: int = 0  # trials the workers ran
-    recalled: int = 0  # sequences the workers answered from memory (see `campaign.RunOnce`)
+    recalled: int = 0  # sequences the workers answered from memory (see `search.once.RunOnce`)
     search_s: float = 0.0
     usage: list[dict] = field(default_factory=list)  # each worker's `Usage.to_json()`
     preload: list[str] = field(default_factory=list)  # each worker's servers' preloads
