@@ -17,6 +17,7 @@ from loadfuzz.elf import cache as elf_cache
 from loadfuzz.elf import opnames, read
 from loadfuzz.elf.cache import ElfCache
 from loadfuzz.elf.read import ElfReader
+from loadfuzz.entries import PlainData
 from support import AOT, ET, FIXTURES, LEGACY_PLUGIN, QUANTIZED, loadfuzz
 
 CORPUS = FIXTURES / "corpus"
@@ -165,7 +166,7 @@ def test_torn_corrupt_or_foreign_entries_are_ignored_and_replaced(tmp_path, monk
     assert b"pathlib" in entry.read_bytes()
     monkeypatch.undo()
     with pytest.raises(pickle.UnpicklingError):
-        elf_cache.PlainData(io.BytesIO(pickle.dumps(Path("/")))).load()
+        PlainData(io.BytesIO(pickle.dumps(Path("/")))).load()
     assert ElfReader(fresh_cache(folder)).facts(QUANTIZED) == expected
     assert entry.read_bytes() == whole
 

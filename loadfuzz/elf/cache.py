@@ -32,7 +32,6 @@ from pathlib import Path
 from loadfuzz import entries, hostenv
 from loadfuzz.elf import opnames, read
 from loadfuzz.elf.read import ElfFacts, Machine
-from loadfuzz.entries import PlainData  # noqa: F401  (what an entry may hold: plain values)
 
 FORMAT = 1
 

@@ -57,9 +57,6 @@ class LoaderTrace:
     last_init: str | None  # the constructor that ran last (when the process died: the culprit)
     bindings: tuple[Binding, ...]
 
-    def arrival(self, path: str) -> Arrival | None:
-        return next((a for a in self.arrivals if a.path == path), None)
-
     def bound(self, symbol: str) -> dict[str, str]:
         """caller -> target, for every kept binding of `symbol`."""
         return {b.caller: b.target for b in self.bindings if b.symbol == symbol}
