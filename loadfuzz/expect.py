@@ -166,7 +166,7 @@ def _entry(path: Path, number: int, entry: Any) -> Expectation:
     )
 
 
-def classify_findings(
+def match_expectations(
     findings: Iterable[TrialRecord], expectations: Iterable[Expectation]
 ) -> tuple[list[tuple[TrialRecord, Expectation]], list[TrialRecord], list[Expectation]]:
     """Split findings into (expected with the first entry that matched, unexpected, stale entries).
@@ -196,7 +196,7 @@ def classify_findings(
 def sort_findings(findings: Iterable[TrialRecord], expectations: Iterable[Expectation],
                   ) -> tuple[list[tuple[TrialRecord, Expectation]], list[TrialRecord],
                              list[Expectation], list[TrialRecord]]:
-    """(expected, unexpected, stale, environment): `classify_findings` of the findings that
+    """(expected, unexpected, stale, environment): `match_expectations` of the findings that
     count, after the problems of the environment (a missing Python module: a signature marked
     `environment`), which never count, were set apart; the one rule for every command and the
     pytest plugin."""
@@ -206,4 +206,4 @@ def sort_findings(findings: Iterable[TrialRecord], expectations: Iterable[Expect
     findings = [r for r in findings if not r.clean]
     environment = [r for r in findings if r.signature in environmental]
     counted = [r for r in findings if r.signature not in environmental]
-    return (*classify_findings(counted, expectations), environment)
+    return (*match_expectations(counted, expectations), environment)

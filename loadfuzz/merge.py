@@ -186,7 +186,7 @@ def shown(value: Any) -> str:
     return "none" if value is None else str(value)
 
 
-def check_out(out: Path) -> None:
+def check_merge_out(out: Path) -> None:
     """The merged folder: none, or empty; UsageError if it holds anything (saying what)."""
     if holds_results(out):
         what = "results" if any((out / name).exists() for name in ("summary.json", "trials.jsonl")) \
@@ -389,7 +389,7 @@ def merge(folders: Sequence[Path], out: Path, fail_on: str = "unexpected",
     check_counts(shards)
     if need_baseline and not all(shard.summary.get("baseline") for shard in shards):
         raise UsageError("--fail-on new: the shards were not compared with a --baseline")
-    check_out(out)
+    check_merge_out(out)
     shards.sort(key=lambda shard: shard.shard.index)
     try:
         summary, trials = merged_summary(shards, folders, out)

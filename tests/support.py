@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 
 from loadfuzz import hostenv
-from loadfuzz.expect import Expectation, classify_findings, load_expectations
+from loadfuzz.expect import Expectation, load_expectations, match_expectations
 from loadfuzz.model import Flags, Outcome, Role, Step, StepKind, TrialRecord
 from loadfuzz.run.harness import HarnessStep
 from loadfuzz.run.trials import Trials
@@ -216,7 +216,7 @@ def campaign(extra: str = PLUGIN, not_run: int = 2) -> tuple[dict, list[dict]]:
                        second="lib/libexecutorch_threadpool.so", orders="both", flags=(),
                        outcome=Outcome.ABORT, op=None, source="executorch.toml:entry 3",
                        why="The thread pool used to abort when loaded after the XNNPACK delegate.")
-    expected, unexpected, stale = classify_findings(
+    expected, unexpected, stale = match_expectations(
         findings, [*load_expectations(EXPECTATIONS), gone])
     summary = {
         "target": "executorch",

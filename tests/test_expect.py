@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from loadfuzz.expect import Expectation, classify_findings, load_expectations
+from loadfuzz.expect import Expectation, load_expectations, match_expectations
 from loadfuzz.model import Flags, Outcome, Step, StepKind, TrialRecord, UsageError
 
 SHIPPED = Path(__file__).resolve().parent.parent / "results" / "expectations" / "executorch.toml"
@@ -163,7 +163,7 @@ def test_classify_splits_expected_unexpected_and_stale() -> None:
     gone = entry(first=AOT, second=RUNTIME)
     clean = finding(KQ, RUNTIME, outcome=Outcome.CLEAN)
     crash = finding(RUNTIME, PLUGIN, outcome=Outcome.CRASH)
-    expected, unexpected, stale = classify_findings(
+    expected, unexpected, stale = match_expectations(
         [finding(KQ, PLUGIN), clean, crash, finding(PLUGIN, KQ, flags="local")],
         [covered, also, gone])
     assert [(r.sequence[0].lib, e) for r, e in expected] == [(KQ, covered), (PLUGIN, covered)]
@@ -180,7 +180,7 @@ def test_the_shipped_expectations_cover_the_seed_collision_and_nothing_else() ->
                   for a, b in ((KQ, PLUGIN), (PLUGIN, KQ), (AOT, PLUGIN), (PLUGIN, AOT))]
     others = [finding(RUNTIME, PLUGIN), finding(KQ, AOT), finding(KQ, PLUGIN, op="aten::add"),
               finding(KQ, PLUGIN, outcome=Outcome.CRASH)]
-    expected, unexpected, stale = classify_findings(collisions + others, shipped)
+    expected, unexpected, stale = match_expectations(collisions + others, shipped)
     assert [r for r, _ in expected] == collisions
     assert {e.source for _, e in expected} == {"executorch.toml:entry 1",
                                               "executorch.toml:entry 2"}
