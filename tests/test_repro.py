@@ -9,10 +9,11 @@ import time
 
 import pytest
 
-from loadfuzz.campaign import Quiet, RunOnce
+from loadfuzz.campaign import Quiet
 from loadfuzz.model import Flags, Outcome
 from loadfuzz.run.harness import Limits
 from loadfuzz.run.trials import Trials
+from loadfuzz.search.once import RunOnce
 from loadfuzz.search.repro import read_message
 from support import FIXTURES, LEGACY_PLUGIN, LOADFUZZ, build, hostile, loadfuzz, step
 
