@@ -222,8 +222,7 @@ class Explainer:
     def failing_path(self, record: TrialRecord, trace: LoaderTrace | None) -> str | None:
         """The object whose loading failed: the constructor that ran last in an observed run
         that died in one, else the failing step's library."""
-        died = record.outcome in (Outcome.ABORT, Outcome.REREGISTER, Outcome.CRASH,
-                                  Outcome.EXIT, Outcome.TIMEOUT)
+        died = record.outcome not in (Outcome.CLEAN, Outcome.LOAD_ERROR)
         if died and trace is not None and trace.last_init and not is_system(trace.last_init):
             return trace.last_init
         if record.step is None or not 0 <= record.step < len(record.sequence):
@@ -254,6 +253,8 @@ class Explainer:
             "missing-symbol": lambda: self.missing_symbol(record, objects),
             "missing-library": lambda: self.missing_library(record, objects),
         }
+        if record.step is None and record.signature is None:  # after the last step: not a
+            return Account("at-exit", ())  # step's constructor, whichever ran last
         rule = self.rule(record, Account(None, ()))
         if rule.kind in kinds:
             return kinds[rule.kind]()
@@ -418,8 +419,7 @@ class Explainer:
     def missing_library(self, record: TrialRecord, objects: list[Loaded]) -> Account:
         op = Path(record.op or "").name
         needers = [o.path for o in objects if (f := self.facts(o.path)) and op in f.needed]
-        step_path = self.failing_path(record, None)
-        needer = needers[0] if needers else step_path
+        needer = needers[0] if needers else self.failing_path(record, None)
         carriers = (self.carrier(record, objects, needer),) if needer else ()
         return Account(None, carriers, fields={"needer": self.name(record, needer), "op": op})
 

@@ -335,3 +335,19 @@ def test_copies_that_reach_the_registry_through_a_weak_reference_are_named_by_wh
     assert [(c.lib, c.step) for c in record.cause.libraries] == [
         (str(corpus / "libcz_weak_p.so"), 1), (str(corpus / "libcz_weak_q.so"), 2)]
     assert "a library loaded earlier" not in record.cause.text
+
+
+def test_a_hang_at_exit_blames_no_constructor(tmp_path):
+    """With --at-exit, a destructor that never returns times the exit out: the last constructor
+    that ran (an innocent library's) is not the cause."""
+    source = tmp_path / "dtor.c"
+    source.write_text("#include <unistd.h>\n"
+                      "__attribute__((destructor)) static void d(void) { for (;;) pause(); }\n")
+    hangs = tmp_path / "libdtor_hang.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(hangs), str(source)], check=True)
+    done = loadfuzz("run", "--json", "--timeout", "1", "--at-exit", hangs, hostile("clean"))
+    record = json.loads(done.stdout)
+    assert (record["outcome"], record["step"]) == ("timeout", None)
+    assert record["cause"]["kind"] == "at-exit" and not record["cause"]["libraries"]
+    said = record["cause"]["text"].replace(record["repro"], "") + json.dumps(record["fixes"])
+    assert "libfx_clean" not in said  # (it is in the repro command, as a step)
