@@ -26,6 +26,7 @@ from loadfuzz import inventory
 from loadfuzz.explain import Explainer, identity
 from loadfuzz.model import (
     MAX_TIMEOUT_S,
+    MIN_TIMEOUT_S,
     Flags,
     Outcome,
     Role,
@@ -71,8 +72,8 @@ def run_load_order(target: str | Path | None, *steps: str | Path,
         raise UsageError(f"flags is the one mode of the steps without a prefix (global, local or "
                          f"python), not {flags!r}")
     default = modes[0]
-    if not 0 < timeout <= MAX_TIMEOUT_S:  # also false for nan
-        raise UsageError(f"timeout must be more than zero seconds and at most {MAX_TIMEOUT_S} "
+    if not MIN_TIMEOUT_S <= timeout <= MAX_TIMEOUT_S:  # also false for nan
+        raise UsageError(f"timeout must be at least {MIN_TIMEOUT_S} seconds and at most {MAX_TIMEOUT_S} "
                          f"(a week), not {timeout!r}")
     seq, names = load_order(None if target is None else str(target), steps, default, extra)
     return run_cold(seq, Limits(timeout_s=timeout), names)

@@ -147,7 +147,7 @@ STEP_PREFIXES: dict[str, tuple[StepKind, Flags | None]] = {
 MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 # The longest limit a step may have, in seconds (a week): the harness counts nanoseconds in
 # 64 bits, and nan or inf would be no limit at all.
-MAX_TIMEOUT_S = 7 * 24 * 3600
+MIN_TIMEOUT_S, MAX_TIMEOUT_S = 0.001, 7 * 24 * 3600  # the harness counts in milliseconds
 DEFAULT_MEM_MB = 16384  # a trial's RLIMIT_AS: libtorch alone maps several GB
 
 

@@ -77,6 +77,8 @@ CASES = {
     "run a folder": (lambda f: ["run", f], "not a library file"),
     "timeout not a number": (lambda f: ["run", "--timeout", "nan", QUANTIZED], "--timeout"),
     "endless timeout": (lambda f: ["matrix", "executorch", "--timeout", "inf"], "at most"),
+    # the harness counts in milliseconds: less was 0 ms, a false timeout before any step ran
+    "sub-millisecond timeout": (lambda f: ["run", "--timeout", "0.0005", QUANTIZED], "at least"),
     "memory past any count": (lambda f: ["run", "--mem", str(1 << 44), QUANTIZED],
                               "--mem: at most"),
     "empty step": (lambda f: ["run", "py:"], "an empty step 'py:'"),

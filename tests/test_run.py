@@ -105,6 +105,24 @@ def test_a_hang_is_reported_within_the_limit_plus_a_second():
     assert not processes_holding(hostile("hang"))
 
 
+def test_a_step_and_an_exit_each_within_the_limit_are_clean_however_long_together(
+        tmp_path, monkeypatch):
+    """The limit holds for each step and for the exit after the last (--at-exit runs the
+    destructors): loadfuzz waits for all of them, plus a margin (made small here)."""
+    from loadfuzz.run import harness
+
+    source = tmp_path / "slow.c"
+    source.write_text("#include <unistd.h>\n"
+                      "__attribute__((constructor)) static void c(void) { usleep(1200000); }\n"
+                      "__attribute__((destructor)) static void d(void) { usleep(1200000); }\n")
+    slow = tmp_path / "libslow_both.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(slow), str(source)], check=True)
+    monkeypatch.setattr(harness, "MARGIN_S", 0.5)
+    with Trials(Limits(timeout_s=1.5, at_exit=True), cold=True) as runner:
+        record = runner.run((step(slow),))
+    assert record.outcome is Outcome.CLEAN, record.detail
+
+
 def test_a_flood_of_output_is_bounded_in_the_record_and_in_loadfuzz():
     rss_before = psutil.Process().memory_info().rss
     with Trials(LIMITS, cold=True) as runner:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from loadfuzz import hostenv
 from loadfuzz.baseline import FAIL_ON
-from loadfuzz.model import DEFAULT_MEM_MB, MAX_TIMEOUT_S, Flags, UsageError
+from loadfuzz.model import DEFAULT_MEM_MB, MAX_TIMEOUT_S, MIN_TIMEOUT_S, Flags, UsageError
 from loadfuzz.plan import WHOLE, Shard
 
 EXAMPLES = {
@@ -84,13 +84,13 @@ MAX_JOBS = 4096
 
 
 def seconds(text: str) -> float:
-    """A step's time limit in seconds: more than zero, at most MAX_TIMEOUT_S (not nan)."""
+    """A step's time limit in seconds: a millisecond at least, a week at most (not nan)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < value <= MAX_TIMEOUT_S:  # also false for nan
-        raise argparse.ArgumentTypeError(f"must be more than zero and at most {MAX_TIMEOUT_S} "
+    if not MIN_TIMEOUT_S <= value <= MAX_TIMEOUT_S:  # also false for nan
+        raise argparse.ArgumentTypeError(f"must be at least {MIN_TIMEOUT_S} and at most {MAX_TIMEOUT_S} "
                                          f"(a week): {text!r}")
     return value
 

@@ -354,7 +354,8 @@ class Harness:
         """Read the result of the trial sent first and not read yet (the one before it ended:
         its time counts from now)."""
         try:
-            deadline = time.monotonic() + len(steps) * limits.timeout_s + MARGIN_S
+            # each step's limit, and the exit's after the last (the harness times it too)
+            deadline = time.monotonic() + (len(steps) + 1) * limits.timeout_s + MARGIN_S
             fields = self._read_line(deadline).split()
             if not fields or fields[0] != b"RESULT":
                 raise HarnessDied(f"unexpected answer from the harness: {fields!r}")
