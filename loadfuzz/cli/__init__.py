@@ -52,7 +52,8 @@ def log_failure(error: BaseException, folder: Path | None) -> Path | None:
 
 
 def one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split()) or type(error).__name__
+    """The error on one line, cut at 300 characters (its traceback goes to error.log)."""
+    text = " ".join(str(error).split())[:300] or type(error).__name__
     if isinstance(error, OSError) and error.errno in ADVICE:
         return f"{text}: {ADVICE[error.errno]}"
     return text if isinstance(error, OSError | RuntimeError) else f"{type(error).__name__}: {text}"
