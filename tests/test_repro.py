@@ -65,6 +65,20 @@ def test_a_crash_line_that_names_no_message_is_reproduced_by_its_signal(line, tm
     assert result["record"]["signal"] == signal.SIGSEGV
 
 
+def test_a_shells_killed_line_is_reproduced_by_a_library_that_hangs(tmp_path):
+    assert read_message("bash: line 1:  4242 Killed   python train.py").signal == signal.SIGKILL
+    assert read_message("Killed\n").signal == signal.SIGKILL
+    assert read_message("warning: Killed the cache daemon").signal is None
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    for name in ("clean", "hang"):
+        shutil.copy(hostile(name), libs)
+    done = loadfuzz("repro", "Killed", libs, "--timeout", "1", "--out", tmp_path / "out", "--json")
+    result = json.loads(done.stdout)
+    assert done.returncode == 0 and result["reproduced"], done.stderr
+    assert (result["record"]["outcome"], result["record"]["signal"]) == ("timeout", signal.SIGKILL)
+
+
 def test_an_abort_line_with_nothing_else_is_reproduced_by_sigabrt_but_an_abort_message_wins():
     assert read_message("Aborted (core dumped)\n").signal == signal.SIGABRT
     message = read_message("fatal: widget table corrupt\nAborted (core dumped)\n")

@@ -66,7 +66,9 @@ QUOTED = re.compile(r"""^\s*(['"`])(.*)\1\s*$""", re.MULTILINE)
 CRASHES = ((re.compile(r"Segmentation fault"), signal.SIGSEGV),
            (re.compile(r"Bus error"), signal.SIGBUS),
            (re.compile(r"Illegal instruction"), signal.SIGILL),
-           (re.compile(r"Floating point exception"), signal.SIGFPE))
+           (re.compile(r"Floating point exception"), signal.SIGFPE),
+           # a shell's word for a SIGKILL (alone, or after the pid): a watchdog's, or a hang's
+           (re.compile(r"(?:^\s*|\d\s+)Killed\b"), signal.SIGKILL))
 ABORTED = re.compile(r"\bAborted\b")
 SPACE = re.compile(r"\s+")
 # A log prefix that ends in `] `, and only at the start of a line: glog's and ExecuTorch's
