@@ -372,6 +372,16 @@ def test_a_pair_whose_two_modes_fell_to_different_shards_is_in_interposition(tmp
         merge.merge([tmp_path / f"s{k}" for k in (1, 2, 3)], tmp_path / "merged")
 
 
+def whole_and_merged_halves(tmp_path, campaign):
+    """The whole campaign's summary, and `merge` of its two halves (the finished process):
+    `campaign(out, *shard_options)` runs one."""
+    whole = campaign(tmp_path / "whole")
+    for k in (1, 2):
+        campaign(tmp_path / f"shard{k}", "--shard", f"{k}/2")
+    return whole, loadfuzz("merge", tmp_path / "shard1", tmp_path / "shard2", "--out",
+                           tmp_path / "merged", "--json")
+
+
 @pytest.mark.parametrize("command", [
     ("matrix", "--flags", "python"),
     ("fuzz", "--flags", "python", "--budget", "3", "--seed", "1"),
@@ -390,11 +400,7 @@ def test_python_mode_shards_with_environment_problems_merge_into_the_whole_campa
         assert "the search ran no trial" not in done.stderr  # (else too slow a machine)
         return json.loads(done.stdout)
 
-    whole = campaign(tmp_path / "whole")
-    for k in (1, 2):
-        campaign(tmp_path / f"shard{k}", "--shard", f"{k}/2")
-    done = loadfuzz("merge", tmp_path / "shard1", tmp_path / "shard2", "--out",
-                    tmp_path / "merged", "--json")
+    whole, done = whole_and_merged_halves(tmp_path, campaign)
     merged = json.loads(done.stdout)
     assert done.returncode == 0, done.stderr
     assert whole["environment"] and merged["unexpected"] == whole["unexpected"] == []
@@ -438,11 +444,7 @@ def test_merged_shards_name_the_pairs_where_the_flags_decide_as_the_whole_campai
         assert done.returncode in (0, 1), done.stderr
         return json.loads(done.stdout)
 
-    whole = campaign(tmp_path / "whole")
-    for k in (1, 2):
-        campaign(tmp_path / f"shard{k}", "--shard", f"{k}/2")
-    done = loadfuzz("merge", tmp_path / "shard1", tmp_path / "shard2", "--out",
-                    tmp_path / "merged", "--json")
+    whole, done = whole_and_merged_halves(tmp_path, campaign)
     assert done.returncode in (0, 1), done.stderr
     merged = json.loads(done.stdout)
     assert merged["interposition"] == whole["interposition"]
