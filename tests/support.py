@@ -20,9 +20,12 @@ from pathlib import Path
 import psutil
 
 from loadfuzz import hostenv
+from loadfuzz.elf.cache import ElfCache
+from loadfuzz.elf.read import ElfReader
 from loadfuzz.expect import Expectation, load_expectations, match_expectations
 from loadfuzz.model import Flags, Outcome, Role, Step, StepKind, TrialRecord
 from loadfuzz.run.harness import HarnessStep
+from loadfuzz.run.standins import a_copy
 from loadfuzz.run.trials import Trials
 
 C_LIBRARY = re.compile(r"/(libc|libdl|libpthread|librt|libm)\.so|/ld-linux")
@@ -313,6 +316,24 @@ def what_the_loader_did(loader: Path, steps: list[HarnessStep], scratch: Path) -
     bindings = set(re.findall(r"binding file (\S+) \[\d+\] to (\S+) \[\d+\]: \S+ symbol `([^']+)'", text))
     inits = [path for path in re.findall(r"calling init: (\S+)", text) if not C_LIBRARY.search(path)]
     return bindings, inits
+
+
+def bindings_that_moved(warm: set, cold: set) -> dict[tuple[str, str], tuple[str | None, str | None]]:
+    """Per (object, name) bound otherwise in two of `what_the_loader_did`'s binding sets: the
+    definer in each (None: not bound there)."""
+    def by_name(bindings: set) -> dict[tuple[str, str], str]:
+        return {(who, name): to for who, to, name in bindings}
+    warm_to, cold_to = by_name(warm), by_name(cold)
+    return {key: (warm_to.get(key), cold_to.get(key)) for key in warm_to.keys() | cold_to.keys()
+            if warm_to.get(key) != cold_to.get(key)}
+
+
+def only_copies_moved(moved: dict[tuple[str, str], tuple[str | None, str | None]]) -> list:
+    """The moves of `bindings_that_moved` that are not between two copies of one thing (where
+    one of the two definitions is a copy by `standins.a_copy`: C++'s one-definition rule)."""
+    reader = ElfReader(ElfCache.default())
+    return [(who, name, to) for (who, name), to in moved.items()
+            if None in to or not any(a_copy(reader.facts(Path(path)), name) for path in to)]
 
 
 def build(folder: Path, name: str, source: str, *link: str, cxx: bool = False) -> Path:

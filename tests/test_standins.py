@@ -3,8 +3,9 @@
 
 The torch wheel is the example: libtorch_cpu.so (~200 ms to load) stands in front of
 libtorch.so, libshm.so and itself, and, after a first step that does not reach it, in front of
-a second that does; never in front of a plugin that defines type_info objects libtorch_cpu.so
-defines too."""
+a second that does, and in front of a plugin that repeats libtorch_cpu.so's template instances
+and type_info objects (copies of one thing, by C++'s one-definition rule); never where a
+definition of the plugin's own would take a binding."""
 
 from __future__ import annotations
 
@@ -19,7 +20,15 @@ from loadfuzz.run.harness import Harness, HarnessDied, HarnessStep, Limits
 from loadfuzz.run.standins import StandIns
 from loadfuzz.run.tiers import Tiers
 from loadfuzz.run.trials import Trials, harness_steps
-from support import build, hostile, loadfuzz, processes_holding, what_the_loader_did
+from support import (
+    bindings_that_moved,
+    build,
+    hostile,
+    loadfuzz,
+    only_copies_moved,
+    processes_holding,
+    what_the_loader_did,
+)
 
 
 @pytest.fixture(scope="module")
@@ -48,12 +57,20 @@ def test_every_stand_in_of_the_torch_matrix_leaves_the_bindings_and_constructors
     routes = routes_with_stand_ins(inv, tiers, flags)
     assert len(routes) > 10
     for warm, cold in routes:
-        assert what_the_loader_did(loader, warm, tmp_path) == what_the_loader_did(loader, cold, tmp_path), \
+        (warm_bindings, warm_inits), (cold_bindings, cold_inits) = (
+            what_the_loader_did(loader, steps, tmp_path) for steps in (warm, cold))
+        assert warm_inits == cold_inits, [s.path.name for s in warm]
+        assert only_copies_moved(bindings_that_moved(warm_bindings, cold_bindings)) == [], \
             [s.path.name for s in warm]
 
 
-def test_libtorch_cpu_never_stands_in_front_of_a_plugin_that_defines_its_type_info(
+def test_libtorch_cpu_stands_in_front_of_a_plugin_whose_copies_of_its_templates_take_its_bindings_cold(
         loader, torch_tiers, tmp_path):
+    """libaoti_custom_ops.so repeats template instances and type_info objects of
+    libtorch_cpu.so: cold, libtorch_cpu.so binds those references to the plugin's copies (the
+    plugin comes first in its search list); loaded ahead, to its own. By C++'s
+    one-definition rule they are one thing, as the tiers take them (`rebinding`), so
+    libtorch_cpu.so may stand in: the loader shows that nothing else moved."""
     inv, tiers = torch_tiers
     plugin = next(lib for lib in inv.libraries if lib.path.name == "libaoti_custom_ops.so")
     cpu = next(lib for lib in inv.libraries if lib.path.name == "libtorch_cpu.so")
@@ -61,12 +78,47 @@ def test_libtorch_cpu_never_stands_in_front_of_a_plugin_that_defines_its_type_in
              if s[0].path == plugin.path and s[1].path == cpu.path]
     steps, prelude = harness_steps(seq, tiers)
     route = tiers.route(seq, steps, prelude)
-    assert route.preload == route.tier and not route.hidden
-    # had it stood in, libtorch_cpu.so would bind to its own type_info, not the plugin's
-    ahead, alone = (what_the_loader_did(loader, [*route.tier, *pre, steps[0]], tmp_path)[0]
+    assert HarnessStep("l", cpu.path) in route.preload
+    ahead, alone = (what_the_loader_did(loader, [*route.tier, *pre, steps[0]], tmp_path)
                     for pre in ([HarnessStep("l", cpu.path)], []))
-    moved = {name for who, to, name in alone - ahead if who.endswith("libtorch_cpu.so")}
-    assert any(name.startswith("_ZTI") for name in moved)
+    assert ahead[1] == alone[1]
+    moved = bindings_that_moved(ahead[0], alone[0])
+    assert any(who.endswith("libtorch_cpu.so") and name.startswith("_ZTI")
+               and to == (str(cpu.path), str(plugin.path)) for (who, name), to in moved.items())
+    assert only_copies_moved(moved) == []
+
+
+# libcore.so calls core::work() through its PLT (a C++ name, spelt out for a C compiler); each
+# plugin needs libcore.so and defines core::work() too: as a template instance would (weak), or
+# as code of its own (strong).
+CORE = r"""
+#include <stdio.h>
+void core_work(void) __asm__("_ZN4core4workEv");
+void core_work(void) {}
+__attribute__((constructor)) static void core_init(void) { core_work(); }
+"""
+PLUGIN = r"""
+void core_work(void) __asm__("_ZN4core4workEv");
+%s void core_work(void) { }
+int plugin(void) { return 0; }
+"""
+
+
+@pytest.mark.parametrize(("definition", "stands_in"), [("__attribute__((weak))", True), ("", False)])
+def test_a_library_stands_in_front_of_a_plugin_with_a_copy_of_its_function_but_not_its_own_code(
+        loader, tmp_path, definition, stands_in):
+    core = build(tmp_path, "core", CORE)
+    plugin = build(tmp_path, "plugin", PLUGIN % definition, "-Wl,--no-as-needed", "-lcore")
+    inv = inventory.load_target(str(tmp_path))
+    model = StandIns(inv.link_map, [core, plugin])
+    facts = inv.link_map.files
+    ahead = what_the_loader_did(loader, [HarnessStep("l", core), HarnessStep("g", plugin)],
+                                tmp_path)
+    alone = what_the_loader_did(loader, [HarnessStep("g", plugin)], tmp_path)
+    moved = bindings_that_moved(ahead[0], alone[0])
+    assert moved == {(str(core), "_ZN4core4workEv"): (str(core), str(plugin))}
+    assert (only_copies_moved(moved) == []) is stands_in
+    assert model.stands_in(model.start(()), facts[core], facts[plugin], True) is stands_in
 
 
 def test_what_a_preload_printed_opens_every_trial_output_as_head_and_tail():
@@ -93,7 +145,8 @@ def test_a_torch_plugin_row_is_one_row_with_libpython_first_and_the_loader_agree
     do not (the plugin then anything else) begin with the same step: they share one row
     server, libpython first, because no object those trials map defines or references a
     name libpython defines. The loader's own account of each joined trial, cold and with
-    libpython first, is the same but for libpython's own relocations and constructor."""
+    libpython first, is the same but for libpython's own relocations and constructor (and
+    for bindings between copies of one thing, where a stand-in leads the row)."""
     inv, tiers = torch_tiers
     work = plan.pairs(inv.libraries, [Flags.GLOBAL])
     with Trials(Limits(), tiers) as trials:
@@ -118,7 +171,8 @@ def test_a_torch_plugin_row_is_one_row_with_libpython_first_and_the_loader_agree
                 loader, [*tiers.preload(seq), *harness_steps(seq, tiers)[0]], tmp_path)
             assert not any(to.endswith(python.name) for who, to, _ in warm_bindings
                            if not who.endswith(python.name)), seq
-            assert {b for b in warm_bindings if not b[0].endswith(python.name)} == cold_bindings
+            apart_from_python = {b for b in warm_bindings if not b[0].endswith(python.name)}
+            assert only_copies_moved(bindings_that_moved(apart_from_python, cold_bindings)) == []
             assert [i for i in warm_inits if not i.endswith(python.name)] == cold_inits
 
 

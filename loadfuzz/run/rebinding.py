@@ -33,7 +33,6 @@ run finds another file or none, rebinds too (`maps_otherwise`).
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,13 +41,7 @@ from loadfuzz.elf.read import ElfFacts
 from loadfuzz.model import Flags, StepKind
 from loadfuzz.model import Sequence as Steps
 from loadfuzz.run.harness import HarnessStep
-from loadfuzz.run.standins import RESERVED, Key, StandIns, State
-
-# Copies of one thing by definition: the C++ runtime's names (namespaces std and __gnu_cxx, and
-# their vtables, guard variables and functions' local statics), the ABI's __cxa_ functions,
-# the unwinder's; and any type's type_info object and name (the ABI compares type_info by name).
-ODR_COPIES = re.compile(r"_Z(N|NK)?(St|9__gnu_cxx|11__gnu_debug)|_Z(T[VHW]|GV|Z)N?K?(St|9__gnu_cxx)"
-                        r"|_ZT[IS]|__cxa_|__gxx_|_Unwind_")
+from loadfuzz.run.standins import ODR_COPIES, RESERVED, Key, StandIns, State, meant
 
 # A step as the cold run takes it: g (dlopen RTLD_GLOBAL), l (RTLD_LOCAL) or p (Python code,
 # which may map more than the library, if any, that it loads RTLD_LOCAL); the library's path.
@@ -183,14 +176,6 @@ class Rebinding:
                 if server != other and server not in self.model.first:
                     names[name] = server  # (the C library's answer comes first in every scope)
         return names
-
-
-def meant(obj: ElfFacts) -> frozenset[str]:
-    """The definitions of an object that are its own, not copies of one thing: the strong
-    ones, and the weak ones of C names (a weak default hook is code of its own; only C++'s
-    inline functions and template instances, mangled `_Z...`, are one thing by the ODR)."""
-    return obj.strong | frozenset(name for name in obj.defines - obj.strong
-                                  if not name.startswith("_Z"))
 
 
 def cold_steps(seq: Steps) -> tuple[ColdStep, ...]:

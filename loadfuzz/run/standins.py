@@ -22,10 +22,14 @@ of every relocation) and accepts L in front of step S in a state P only when:
    `_init`, `_fini` and version tags such as `GLIBC_2.2.5`, which no
    relocation names, has the same definers, in the same order, in the scope
    their relocations are looked up in: global scope + L's search list when
-   preloaded, global scope + S's search list in the cold run. (C++ libraries
-   repeat template instantiations and type_info objects: a plugin that
-   defines one of libtorch_cpu's makes libtorch_cpu bind to the plugin's
-   copy in the cold run; a preloaded libtorch_cpu would bind to its own.)
+   preloaded, global scope + S's search list in the cold run; but for two
+   copies of one thing, which the tiers take to be one as well (C++'s
+   one-definition rule, `rebinding`): a weak definition of a C++ name (an
+   inline function, a template instance) and the C++ runtime's names and
+   type_info objects (`ODR_COPIES`). A plugin that repeats libtorch_cpu's
+   template instances makes libtorch_cpu bind to the plugin's copies in the
+   cold run and to its own when preloaded: the same code. A copy that would
+   answer a reference nothing else answers in the preloaded scope counts.
 
 The global scope is then the same either way: `dlopen(S, RTLD_GLOBAL)` adds
 S's whole search list in its breadth-first order, already loaded objects
@@ -61,6 +65,11 @@ PYTHON_NAMES = ("Py", "_Py")
 HEAVY_BYTES = 32 << 20
 # In every harness process before any step: the executable's own dependencies.
 STARTS_LOADED = ("libc.so.6", "ld-linux")
+# Copies of one thing by definition: the C++ runtime's names (namespaces std and __gnu_cxx, and
+# their vtables, guard variables and functions' local statics), the ABI's __cxa_ functions,
+# the unwinder's; and any type's type_info object and name (the ABI compares type_info by name).
+ODR_COPIES = re.compile(r"_Z(N|NK)?(St|9__gnu_cxx|11__gnu_debug)|_Z(T[VHW]|GV|Z)N?K?(St|9__gnu_cxx)"
+                        r"|_ZT[IS]|__cxa_|__gxx_|_Unwind_")
 
 Key = tuple[int, int]  # ElfFacts.identity
 
@@ -284,25 +293,50 @@ class StandIns:
             self._cache[key] = found
         return found
 
-def touches(names: frozenset[str], objects: list[ElfFacts]) -> bool:
-    """Whether one of the names is one the objects define or reference, strongly or weakly
-    (reserved names aside): a weak reference binds where a definition is in scope."""
-    return any(not (name in RESERVED or VERSION_TAG.fullmatch(name)) for obj in objects
-               for name in (names & obj.defines) | (names & obj.undefined) | (names & obj.weak))
+def shared(names: frozenset[str], objects: list[ElfFacts]) -> set[str]:
+    """Those of the names that the objects define or reference, strongly or weakly (a weak
+    reference binds where a definition is in scope), reserved names aside."""
+    return {name for obj in objects
+            for name in (names & obj.defines) | (names & obj.undefined) | (names & obj.weak)
+            if not (name in RESERVED or VERSION_TAG.fullmatch(name))}
+
+
+def a_copy(obj: ElfFacts, name: str) -> bool:
+    """Whether the object's definition of the name is a copy of one thing, which binding to
+    it or to another copy cannot tell apart (C++'s one-definition rule): a weak definition of
+    a C++ name (an inline function, a template instance), or one of ODR_COPIES."""
+    return bool(ODR_COPIES.match(name)) or (name.startswith("_Z") and name not in obj.strong)
+
+
+def meant(obj: ElfFacts) -> frozenset[str]:
+    """The definitions of an object that are its own, not copies of one thing: the strong
+    ones, and the weak ones of C names (a weak default hook is code of its own; only C++'s
+    inline functions and template instances, mangled `_Z...`, are one thing by the ODR)."""
+    return obj.strong | frozenset(name for name in obj.defines - obj.strong
+                                  if not name.startswith("_Z"))
 
 
 def same_definers(ahead: list[ElfFacts], warm: list[Key], cold: list[Key],
                   facts: dict[Key, ElfFacts]) -> bool:
-    """Whether every name the `ahead` objects define or reference has the same definers, in
-    the same order, in both lookup scopes.
+    """Whether every name the `ahead` objects define or reference binds alike in both lookup
+    scopes: to the same definer, or to one of two copies of one thing (`a_copy`).
 
     `warm` holds a subset of `cold`'s objects: an object only `cold` has must
-    define none of the names, and two objects the scopes order differently
-    must not both define one."""
+    define none of the names as its own, nor one that nothing in `warm` defines
+    (a weak reference would stay null there); two objects the scopes order
+    differently must not both define one as their own."""
     in_warm = set(warm)
-    if any(touches(facts[key].defines, ahead) for key in cold if key not in in_warm):
+
+    def defined_in_warm(name: str) -> bool:
+        return any(name in facts[key].defines for key in warm)
+
+    if any(not a_copy(facts[key], name) or not defined_in_warm(name)
+           for key in cold if key not in in_warm
+           for name in shared(facts[key].defines, ahead)):
         return False
     common = [k for k in cold if k in in_warm]
     position = {k: i for i, k in enumerate(warm)}
-    return not any(position[a] > position[b] and touches(facts[a].defines & facts[b].defines, ahead)
-                   for i, a in enumerate(common) for b in common[i + 1:])
+    swapped = [(facts[a], facts[b]) for i, a in enumerate(common) for b in common[i + 1:]
+               if position[a] > position[b]]
+    return not any(not (a_copy(a, name) or a_copy(b, name))
+                   for a, b in swapped for name in shared(a.defines & b.defines, ahead))

@@ -22,9 +22,9 @@ whose first library is libtorch.so, libshm.so or libtorch_cpu.so); in front
 of the second it is a hidden step of the row server, taken after the row's
 first step (e.g. libtorch_cpu.so after libc10.so, for the trials whose
 second library is libtorch.so). Where the rule does not hold, the trial
-loads the library itself, in its step: for libaoti_custom_ops.so, which defines type_info objects
-libtorch_cpu.so also defines, the cold run binds libtorch_cpu.so to the
-plugin's copies, which a preloaded libtorch_cpu.so would not. Never for a
+loads the library itself, in its step: for a library whose own definition
+(not a copy of a C++ template instance or type_info object) of a name
+libtorch_cpu.so looks up comes first in the cold run's scope. Never for a
 Python step (`y`), nor after one, nor when libpython would come after the
 stand-in. What a stand-in printed while preloaded opens the trial's output
 (as in the cold run, where it printed first in the step); a stand-in that
