@@ -16,7 +16,7 @@ import pytest
 from loadfuzz import hostenv, inventory, plan
 from loadfuzz.model import Flags
 from loadfuzz.run.harness import HarnessStep
-from loadfuzz.run.rebinding import ODR_COPIES
+from loadfuzz.run.standins import a_copy
 from loadfuzz.run.tiers import Tiers
 from support import ET, what_the_loader_did
 
@@ -38,11 +38,12 @@ def taken_over(loader, inv, first: str, second: str, flags: Flags, scratch) -> s
     steps = [HarnessStep("g", hostenv.libpython_path()),
              *(HarnessStep(mode, libs[lib]) for lib in (first, second))]
     bindings, _ = what_the_loader_did(loader, steps, scratch)
-    strong = {path.resolve(): facts.strong for path, facts in inv.link_map.files.items()}
+    facts = {path.resolve(): facts for path, facts in inv.link_map.files.items()}
     wheel = ET.resolve()
     return {name for who, to, name in bindings
             if not Path(who).resolve().is_relative_to(wheel) and Path(to).resolve().is_relative_to(wheel)
-            and name in strong.get(Path(to).resolve(), ()) and not ODR_COPIES.match(name)}
+            and (definer := facts.get(Path(to).resolve())) is not None
+            and name in definer.strong and not a_copy(definer, name)}
 
 
 def forks_from_the_heavy_server(inv, tiers: Tiers, first: str, second: str, flags: Flags) -> bool:

@@ -37,6 +37,12 @@ def torch_tiers():
     return inv, Tiers.of(inv.libraries, link_map=inv.link_map)
 
 
+@pytest.fixture(scope="module")
+def executorch_tiers():
+    inv = inventory.load_target("executorch")
+    return inv, Tiers.of(inv.libraries, link_map=inv.link_map)
+
+
 def routes_with_stand_ins(inv, tiers: Tiers, flags: Flags):
     """Each way the matrix under `flags` puts a stand-in in front of a step (one trial per
     server and row server, the first): the process with the stand-ins, the one without."""
@@ -51,9 +57,10 @@ def routes_with_stand_ins(inv, tiers: Tiers, flags: Flags):
 
 
 @pytest.mark.parametrize("flags", [Flags.GLOBAL, Flags.LOCAL])
-def test_every_stand_in_of_the_torch_matrix_leaves_the_bindings_and_constructors_of_the_cold_run(
-        loader, torch_tiers, tmp_path, flags):
-    inv, tiers = torch_tiers
+@pytest.mark.parametrize("target", ["torch", "executorch"])
+def test_every_stand_in_of_a_wheel_matrix_leaves_the_bindings_and_constructors_of_the_cold_run(
+        loader, request, tmp_path, target, flags):
+    inv, tiers = request.getfixturevalue(f"{target}_tiers")
     routes = routes_with_stand_ins(inv, tiers, flags)
     assert len(routes) > 10
     for warm, cold in routes:
@@ -88,6 +95,29 @@ def test_libtorch_cpu_stands_in_front_of_a_plugin_whose_copies_of_its_templates_
     assert only_copies_moved(moved) == []
 
 
+def test_libtorch_cpu_not_under_test_stands_in_after_a_first_step_whose_copies_it_binds_either_way(
+        executorch_tiers):
+    """libexecutorch_threadpool.so, loaded RTLD_GLOBAL first, answers libtorch_cpu.so's
+    cpuinfo and pthreadpool references in the cold run, so its trials cannot fork from the
+    heavy server. After it, libtorch_cpu.so (a dependency, not under test) stands in front of
+    the torch plugins, where it binds to the same copies; not in front of `_C`, whose own
+    search list brings libexecutorch_kernels_optimized.so's BLAS ahead of it. (ld.so's own
+    account of every such route: the test above.)"""
+    inv, tiers = executorch_tiers
+    by_name = {lib.path.name.split(".")[0]: lib for lib in inv.libraries}
+    first = by_name["libexecutorch_threadpool"]
+    hidden = {}
+    for seq in plan.pairs(inv.libraries, [Flags.GLOBAL]):
+        if seq[0].path == first.path:
+            steps, prelude = harness_steps(seq, tiers)
+            route = tiers.route(seq, steps, prelude)
+            assert not any(step.path.name == "libtorch_cpu.so" for step in route.preload)
+            hidden[seq[1].path.name.split(".")[0]] = [step.path.name for step in route.hidden]
+    assert {name for name, steps in hidden.items() if steps == ["libtorch_cpu.so"]} == {
+        "libcustom_ops_aot_lib", "libquantized_ops_aot_lib", "_training_lib"}
+    assert hidden["_C"] != ["libtorch_cpu.so"]
+
+
 # libcore.so calls core::work() through its PLT (a C++ name, spelt out for a C compiler); each
 # plugin needs libcore.so and defines core::work() too: as a template instance would (weak), or
 # as code of its own (strong).
@@ -119,6 +149,50 @@ def test_a_library_stands_in_front_of_a_plugin_with_a_copy_of_its_function_but_n
     assert moved == {(str(core), "_ZN4core4workEv"): (str(core), str(plugin))}
     assert (only_copies_moved(moved) == []) is stands_in
     assert model.stands_in(model.start(()), facts[core], facts[plugin], True) is stands_in
+
+
+# A library whose constructor calls a function, and a plugin that needs the library and
+# defines that function itself, to abort(): cold, the plugin comes first in its own search
+# list and its definition answers the library's call. The three ways a model can miss it.
+ANSWERED_BY_THE_PLUGIN = {
+    "a function named like a version tag": (False, r"""
+#include <stdio.h>
+int CHECK_1(void) { return 0; }
+__attribute__((constructor)) static void init(void) { if (CHECK_1()) puts("?"); }
+""", r"""
+#include <stdlib.h>
+int CHECK_1(void) { abort(); }
+"""),
+    "the plugin's own __cxa_throw (a hook, not a copy of the runtime)": (True, r"""
+__attribute__((constructor)) static void init() { try { throw 42; } catch (int) {} }
+""", r"""
+#include <cstdlib>
+extern "C" void __cxa_throw(void *, void *, void (*)(void *)) { std::abort(); }
+"""),
+    "the plugin's own definition of a function the library has an inline copy of": (True, r"""
+#include <cstdio>
+inline int answer() { return 0; }
+__attribute__((constructor)) static void init() { std::printf("%d\n", answer()); }
+""", r"""
+#include <cstdlib>
+int answer() { std::abort(); }
+"""),
+}
+
+
+@pytest.mark.parametrize("case", ANSWERED_BY_THE_PLUGIN)
+def test_a_library_never_stands_in_front_of_a_plugin_whose_own_definition_answers_it_cold(
+        loader, tmp_path, case):
+    cxx, library_source, plugin_source = ANSWERED_BY_THE_PLUGIN[case]
+    library = build(tmp_path, "heavy", library_source, cxx=cxx)
+    plugin = build(tmp_path, "plug", plugin_source, "-Wl,--no-as-needed", "-lheavy", cxx=cxx)
+    cold = subprocess.run([str(loader), f"g:{plugin}"], capture_output=True, timeout=60)
+    ahead = subprocess.run([str(loader), f"l:{library}", f"g:{plugin}"], capture_output=True,
+                           timeout=60)
+    assert (cold.returncode, ahead.returncode) == (-6, 0)  # loaded ahead, it would hide the abort
+    inv = inventory.load_target(str(tmp_path))
+    model, facts = StandIns(inv.link_map, [library, plugin]), inv.link_map.files
+    assert not model.stands_in(model.start(()), facts[library], facts[plugin], True)
 
 
 def test_what_a_preload_printed_opens_every_trial_output_as_head_and_tail():

@@ -34,6 +34,7 @@ class BadElf(Exception):
 STB_GLOBAL, STB_WEAK, STB_GNU_UNIQUE = 1, 2, 10
 STV_PROTECTED = 3
 STT_FUNC = 2
+SHN_ABS = 0xFFF1
 DF_SYMBOLIC = 0x2
 DF_1_PIE = 0x08000000  # DT_FLAGS_1: an executable built -pie, which ld.so will not dlopen
 # C++ names that are the standard library's, not a library's own API.
@@ -195,7 +196,8 @@ def parse_facts(path: Path, elf: ELFFile, size: int, host: Machine) -> ElfFacts:
         raise BadElf(f"{path}: a position-independent executable, not a shared library "
                      "(dlopen refuses it)")
     flags = sum(tag.entry.d_val for tag in tags.get("DT_FLAGS", ()))
-    symbols = dynamic_symbols(elf, dynsym)
+    versions = version_tags(elf)  # absolute symbols no relocation names: left out of every set
+    symbols = [s for s in dynamic_symbols(elf, dynsym) if not (s.absolute and s.name in versions)]
     named = relocated_symbols(elf, dynsym)
     defines = frozenset(s.name for s in symbols if s.exported)
     undefined = frozenset(s.name for s in symbols if s.undefined and s.bind == STB_GLOBAL)
@@ -229,6 +231,7 @@ class Symbol:
     kind: int
     visibility: int
     undefined: bool
+    absolute: bool = False  # SHN_ABS: a value, not an address in the object
 
     @property
     def exported(self) -> bool:
@@ -260,8 +263,18 @@ def dynamic_symbols(elf: ELFFile, dynsym) -> list[Symbol]:
         name = strtab[offset:end if end >= 0 else len(strtab)].decode("utf-8", "replace")
         info = entry[info_at]
         symbols.append(Symbol(index, name, info >> 4, info & 0xF, entry[other_at] & 0x3,
-                              entry[shndx_at] == 0))
+                              entry[shndx_at] == 0, entry[shndx_at] == SHN_ABS))
     return symbols
+
+
+def version_tags(elf: ELFFile) -> frozenset[str]:
+    """The names of the symbol versions the object defines (GLIBC_2.2.5, CXXABI_1.3, VA...):
+    the linker adds an absolute symbol of each name, which is no definition of anything."""
+    from elftools.elf.gnuversions import GNUVerDefSection
+
+    return frozenset(aux.name for section in elf.iter_sections()
+                     if isinstance(section, GNUVerDefSection)
+                     for _, auxiliaries in section.iter_versions() for aux in auxiliaries)
 
 
 def relocated_symbols(elf: ELFFile, dynsym) -> set[int]:

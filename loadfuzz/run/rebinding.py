@@ -20,7 +20,9 @@ left out: weak definitions of C++ names (inline functions and template
 instances, which every C++ library repeats), and the
 C++ runtime's own names (`std::`, `__gnu_cxx::`, their type_info and
 vtables, `__cxa_*`, `_Unwind_*`), which a library that links libstdc++
-statically exports as copies of the runtime. The replaceable allocation
+statically exports as copies of the runtime (`standins.a_copy`; a strong
+`__cxa_throw` in a library without a runtime of its own, no
+`__gxx_personality_v0`, is a hook and counts). The replaceable allocation
 functions (operator new and delete) are not the runtime's in that sense: a
 library defines them so that they are used instead.
 
@@ -41,7 +43,7 @@ from loadfuzz.elf.read import ElfFacts
 from loadfuzz.model import Flags, StepKind
 from loadfuzz.model import Sequence as Steps
 from loadfuzz.run.harness import HarnessStep
-from loadfuzz.run.standins import ODR_COPIES, RESERVED, Key, StandIns, State, meant
+from loadfuzz.run.standins import RESERVED, Key, StandIns, State, a_copy, meant
 
 # A step as the cold run takes it: g (dlopen RTLD_GLOBAL), l (RTLD_LOCAL) or p (Python code,
 # which may map more than the library, if any, that it loads RTLD_LOCAL); the library's path.
@@ -136,7 +138,7 @@ class Rebinding:
 
     def contested(self, preload: tuple[HarnessStep, ...]) -> Contested:
         """Per object the preload maps RTLD_LOCAL: the names it looks up (reserved names and
-        copies of one thing, ODR_COPIES, aside) that an object of the link map other than the
+        copies of one thing, `standins.a_copy`, aside) that an object of the link map other than the
         one the server bound it to defines as its own (`meant`), with that server definer;
         never a name the C library answers (first in every scope)."""
         with self._lock:
@@ -170,7 +172,7 @@ class Rebinding:
         names: dict[str, Key | None] = {}
         for other, own in everything:
             for name in lookups & own:
-                if name in names or name in RESERVED or ODR_COPIES.match(name):
+                if name in names or name in RESERVED or a_copy(facts[other], name):
                     continue
                 server = next((key for key in scope if name in facts[key].defines), None)
                 if server != other and server not in self.model.first:

@@ -1,4 +1,4 @@
-"""Stand-ins: which library under test may be loaded ahead of a step without the step noticing.
+"""Stand-ins: which library may be loaded ahead of a step without the step noticing.
 
 A trial that reaches libtorch_cpu.so spends ~200 ms in that one dlopen. When
 a step would load a heavy library L anyway (L is in its dependency closure),
@@ -20,9 +20,10 @@ of every relocation) and accepts L in front of step S in a state P only when:
    reference, weakly too (a weak reference binds wherever a definition is in
    scope, and stays null where none is), but `_edata`, `_end`, `__bss_start`,
    `_init`, `_fini` and version tags such as `GLIBC_2.2.5`, which no
-   relocation names, has the same definers, in the same order, in the scope
-   their relocations are looked up in: global scope + L's search list when
-   preloaded, global scope + S's search list in the cold run; but for two
+   relocation names, has the same first definer (the one ld.so binds to) in
+   the scope its relocations are looked up in: global scope + L's search
+   list when preloaded, global scope + S's search list in the cold run; but
+   for two
    copies of one thing, which the tiers take to be one as well (C++'s
    one-definition rule, `rebinding`): a weak definition of a C++ name (an
    inline function, a template instance) and the C++ runtime's names and
@@ -36,7 +37,9 @@ S's whole search list in its breadth-first order, already loaded objects
 included; RTLD_LOCAL adds nothing. A later step sees the same objects in the
 same global scope. Not modelled (documented in docs/protocol.md): the order
 of the link map itself (`dl_iterate_phdr`, TLS module ids), `dlsym(RTLD_NEXT)`
-from inside a preloaded object, and static TLS placement.
+or `dlsym(RTLD_DEFAULT)` from inside a preloaded object, static TLS placement,
+and symbol versions beyond their names (a hidden, non-default version counts
+as a definer, where ld.so skips it).
 """
 
 from __future__ import annotations
@@ -53,10 +56,10 @@ from loadfuzz.elf.loader import LinkMap
 from loadfuzz.elf.read import ElfFacts
 from loadfuzz.run.harness import HarnessStep
 
-# Names the linker defines in every object and no relocation looks up; and version tags
-# (GLIBC_2.2.5, GCC_3.0: one absolute symbol per version an object defines).
+# Names the linker defines in every object and no relocation looks up. (Version tags such as
+# GLIBC_2.2.5, one absolute symbol per version an object defines, are never read in:
+# `elf.read.version_tags`.)
 RESERVED = frozenset({"_edata", "_end", "__bss_start", "_init", "_fini"})
-VERSION_TAG = re.compile(r"[A-Z][A-Z0-9_]*_[0-9][0-9.]*")
 # The C library's own objects: their constructors observe nothing of the others'.
 C_LIBRARY = ("libc.so", "libdl.so", "libpthread.so", "librt.so", "libm.so", "ld-linux")
 # What every name libpython exports begins with.
@@ -70,6 +73,10 @@ STARTS_LOADED = ("libc.so.6", "ld-linux")
 # the unwinder's; and any type's type_info object and name (the ABI compares type_info by name).
 ODR_COPIES = re.compile(r"_Z(N|NK)?(St|9__gnu_cxx|11__gnu_debug)|_Z(T[VHW]|GV|Z)N?K?(St|9__gnu_cxx)"
                         r"|_ZT[IS]|__cxa_|__gxx_|_Unwind_")
+# The ABI's and the unwinder's names, and what a C++ runtime (libstdc++, libsupc++, linked in
+# statically or not) always defines: a strong ABI name elsewhere is a hook of the library's own.
+ABI_NAMES = ("__cxa_", "__gxx_", "_Unwind_")
+PERSONALITY = "__gxx_personality_v0"
 
 Key = tuple[int, int]  # ElfFacts.identity
 
@@ -96,7 +103,8 @@ class StandIns:
 
     def __init__(self, link_map: LinkMap, candidates: Iterable[Path],
                  python_brings: Callable[[], Sequence[ElfFacts]] = tuple):
-        """`candidates`: the libraries that may stand in (the campaign's, by path);
+        """`candidates`: the libraries that may stand in (the campaign's and their
+        dependencies, by path);
         `python_brings`: what loading libpython maps besides itself and what every harness
         process has (libm), asked the first time `avoids_python` needs it."""
         self.map = link_map
@@ -209,8 +217,7 @@ class StandIns:
                 everywhere = frozenset().union(*(self.facts[k].defines for k in self.first))
                 self._brought = tuple(
                     (obj.identity, frozenset(name for name in obj.defines - everywhere
-                                             if name not in RESERVED
-                                             and not VERSION_TAG.fullmatch(name)))
+                                             if name not in RESERVED))
                     for obj in self._python_brings())
             brought = self._brought
         facts = self.by_path.get(path)
@@ -298,13 +305,18 @@ def shared(names: frozenset[str], objects: list[ElfFacts]) -> set[str]:
     reference binds where a definition is in scope), reserved names aside."""
     return {name for obj in objects
             for name in (names & obj.defines) | (names & obj.undefined) | (names & obj.weak)
-            if not (name in RESERVED or VERSION_TAG.fullmatch(name))}
+            if name not in RESERVED}
 
 
 def a_copy(obj: ElfFacts, name: str) -> bool:
     """Whether the object's definition of the name is a copy of one thing, which binding to
-    it or to another copy cannot tell apart (C++'s one-definition rule): a weak definition of
-    a C++ name (an inline function, a template instance), or one of ODR_COPIES."""
+    it instead of the definition it would bind otherwise cannot tell apart (C++'s
+    one-definition rule): a weak definition of a C++ name (an inline function, a template
+    instance), or one of ODR_COPIES; but the C++ ABI's and the unwinder's functions
+    (`__cxa_throw`, ...) only in an object that carries a C++ runtime of its own (it defines
+    the personality routine, `__gxx_personality_v0`): elsewhere a strong one is a hook."""
+    if name.startswith(ABI_NAMES) and name in obj.strong:
+        return PERSONALITY in obj.defines
     return bool(ODR_COPIES.match(name)) or (name.startswith("_Z") and name not in obj.strong)
 
 
@@ -319,24 +331,27 @@ def meant(obj: ElfFacts) -> frozenset[str]:
 def same_definers(ahead: list[ElfFacts], warm: list[Key], cold: list[Key],
                   facts: dict[Key, ElfFacts]) -> bool:
     """Whether every name the `ahead` objects define or reference binds alike in both lookup
-    scopes: to the same definer, or to one of two copies of one thing (`a_copy`).
+    scopes: to the same first definer (the one ld.so binds to), or, cold, to another copy of
+    one thing (`a_copy`: what the tiers take as the same, `rebinding`).
 
-    `warm` holds a subset of `cold`'s objects: an object only `cold` has must
-    define none of the names as its own, nor one that nothing in `warm` defines
-    (a weak reference would stay null there); two objects the scopes order
-    differently must not both define one as their own."""
+    `warm` holds a subset of `cold`'s objects, so a name can bind otherwise
+    only where an object only `cold` has defines it, or where two objects both
+    define it and the scopes order them differently: only those names are looked
+    up."""
     in_warm = set(warm)
-
-    def defined_in_warm(name: str) -> bool:
-        return any(name in facts[key].defines for key in warm)
-
-    if any(not a_copy(facts[key], name) or not defined_in_warm(name)
-           for key in cold if key not in in_warm
-           for name in shared(facts[key].defines, ahead)):
-        return False
+    names = set().union(*(shared(facts[key].defines, ahead) for key in cold if key not in in_warm))
     common = [k for k in cold if k in in_warm]
     position = {k: i for i, k in enumerate(warm)}
-    swapped = [(facts[a], facts[b]) for i, a in enumerate(common) for b in common[i + 1:]
-               if position[a] > position[b]]
-    return not any(not (a_copy(a, name) or a_copy(b, name))
-                   for a, b in swapped for name in shared(a.defines & b.defines, ahead))
+    for i, a in enumerate(common):
+        for b in common[i + 1:]:
+            if position[a] > position[b]:
+                names |= shared(facts[a].defines & facts[b].defines, ahead)
+
+    def first(scope: list[Key], name: str) -> Key | None:
+        return next((key for key in scope if name in facts[key].defines), None)
+
+    for name in names:  # (`warm` is within `cold`: where `warm` has a definer, `cold` has one)
+        here, there = first(warm, name), first(cold, name)
+        if here != there and (there is None or not a_copy(facts[there], name)):
+            return False
+    return True

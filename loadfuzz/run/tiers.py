@@ -12,7 +12,8 @@ library under test, nor a dependency that leads back to one; a trial whose
 cold run would bind or find a preloaded object otherwise forks from less
 (`rebinding`).
 
-On top of the tiers, a *route* may put a library under test in front of a
+On top of the tiers, a *route* may put a heavy library (one under test, or
+a dependency of theirs that their trial's server may not hold) in front of a
 step, when `standins` proves that loading it first (RTLD_LOCAL) leaves the
 process exactly as the step alone would: the same objects, constructors in
 the same order, every symbol of the stand-in bound to the same definers,
@@ -123,14 +124,16 @@ class Tiers:
     def of(cls, libraries: Iterable[Library], servers_for: Iterable[Library] | None = None,
            link_map: LinkMap | None = None) -> Tiers:
         """`servers_for`: the libraries the servers are built for (default: all); a library
-        outside them forks from the heavy tier. With the inventory's `link_map`, libraries
-        under test may stand in front of steps (see `route`)."""
+        outside them forks from the heavy tier. With the inventory's `link_map`, those
+        libraries and their dependencies may stand in front of steps (see `route`)."""
         libraries = tuple(libraries)
         chosen = libraries if servers_for is None else tuple(servers_for)
         preloads = tuple(preload_for([lib for lib in chosen if tier_of(lib) <= level], link_map)
                          for level in (LIGHT, PYTHON, HEAVY))
-        standins = StandIns(link_map, [lib.path for lib in chosen],
-                            python_brings) if link_map else None
+        # a stand-in is a library under test or one they depend on (libtorch_cpu.so after an
+        # ExecuTorch library whose trials cannot fork from the heavy tier)
+        candidates = [*(lib.path for lib in chosen), *(dep for lib in chosen for dep in lib.external)]
+        standins = StandIns(link_map, candidates, python_brings) if link_map else None
         return cls(frozenset(lib.path for lib in libraries if lib.needs_python),
                    {lib.path: tier_of(lib) for lib in chosen}, preloads, standins,
                    Rebinding(standins) if standins else None)
