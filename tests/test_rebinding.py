@@ -9,6 +9,8 @@ that pulls in libtorch_cpu.so, it answers those calls in the cold run."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,7 @@ from loadfuzz.model import Flags
 from loadfuzz.run.harness import HarnessStep
 from loadfuzz.run.standins import a_copy
 from loadfuzz.run.tiers import Tiers
-from support import ET, what_the_loader_did
+from support import ET, build, loadfuzz, what_the_loader_did
 
 AOT = "kernels/quantized/libquantized_ops_aot_lib.so"
 
@@ -96,3 +98,36 @@ def test_a_trial_that_rebinds_torch_still_forks_from_libpython_and_the_cxx_runti
     preloaded = [step.path.name for step in tiers.preload(seq)]
     assert preloaded and "libstdc++.so.6" in preloaded and preloaded[0].startswith("libpython")
     assert not any(name.startswith(("libtorch", "libc10")) for name in preloaded)
+
+
+def test_a_weak_reference_a_preload_left_null_is_answered_by_a_plugins_copy_as_in_the_cold_run(
+        loader, tmp_path):
+    """libheavy.so, a dependency outside the target (so the servers preload it), asks for
+    core::hook() by a weak reference from its constructor; libplug.so defines a weak copy (as
+    an inline function would be) that aborts. In the server nothing answered the reference;
+    cold, libheavy.so is relocated during libplug.so's load, and the copy answers it. A copy
+    of one thing is no copy of nothing: those trials do not fork from libheavy.so's server
+    (libuser.so's, which defines nothing, still do). Every verdict against the tests' plain
+    loader."""
+    dep, target = tmp_path / "dep", tmp_path / "target"
+    dep.mkdir()
+    target.mkdir()
+    build(dep, "heavy", 'extern int hook(void) __asm__("_ZN4core4hookEv") __attribute__((weak));\n'
+          "__attribute__((constructor)) static void init(void) { if (hook) hook(); }\n")
+    build(target, "plug", "#include <stdlib.h>\n"
+          'int hook(void) __asm__("_ZN4core4hookEv");\n'
+          "__attribute__((weak)) int hook(void) { abort(); }\n",
+          "-Wl,--no-as-needed", f"-L{dep}", "-lheavy", f"-Wl,-rpath,{dep}")
+    build(target, "user", "int user(void) { return 3; }\n",
+          "-Wl,--no-as-needed", f"-L{dep}", "-lheavy", f"-Wl,-rpath,{dep}")
+    build(target, "other", "int other(void) { return 2; }\n")
+    done = loadfuzz("matrix", target, "--flags", "global,local", "--out", tmp_path / "out")
+    assert done.returncode == 1, done.stderr
+    for line in (tmp_path / "out" / "trials.jsonl").open():
+        record = json.loads(line)
+        steps = [f"{step['flags'][0]}:{target / step['lib']}" for step in record["sequence"]]
+        cold = subprocess.run([str(loader), *steps], capture_output=True, timeout=60)
+        assert (record["outcome"], cold.returncode) in {("abort", -6), ("clean", 0)}, \
+            (steps, record["outcome"], record["via"])
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert any("libheavy.so" in str(preloaded) for preloaded in summary["preload"])  # for libuser.so

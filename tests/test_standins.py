@@ -169,6 +169,14 @@ __attribute__((constructor)) static void init() { try { throw 42; } catch (int) 
 #include <cstdlib>
 extern "C" void __cxa_throw(void *, void *, void (*)(void *)) { std::abort(); }
 """),
+    "a copy that answers a weak reference nothing answers when the library is ahead": (False, r"""
+extern int hook(void) __asm__("_ZN4core4hookEv") __attribute__((weak));
+__attribute__((constructor)) static void init(void) { if (hook) hook(); }
+""", r"""
+#include <stdlib.h>
+int hook(void) __asm__("_ZN4core4hookEv");
+__attribute__((weak)) int hook(void) { abort(); }
+"""),
     "the plugin's own definition of a function the library has an inline copy of": (True, r"""
 #include <cstdio>
 inline int answer() { return 0; }

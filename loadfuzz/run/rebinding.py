@@ -24,7 +24,9 @@ statically exports as copies of the runtime (`standins.a_copy`; a strong
 `__cxa_throw` in a library without a runtime of its own, no
 `__gxx_personality_v0`, is a hook and counts). The replaceable allocation
 functions (operator new and delete) are not the runtime's in that sense: a
-library defines them so that they are used instead.
+library defines them so that they are used instead. And a weak reference
+the server left null counts whatever answers it in the cold run, a copy
+too: a copy of one thing is no copy of nothing.
 
 Where a step loads Python code (an import, `torch.ops.load_library`), the
 objects that code maps are not known beforehand: each preloaded object not
@@ -177,6 +179,11 @@ class Rebinding:
                 server = next((key for key in scope if name in facts[key].defines), None)
                 if server != other and server not in self.model.first:
                     names[name] = server  # (the C library's answer comes first in every scope)
+        # a weak reference the server left null: any definition, a copy too, would answer it
+        for name in obj.weak - names.keys() - RESERVED:
+            if not any(name in facts[key].defines for key in scope) and any(
+                    name in facts[other].defines for other, _ in everything if other != obj.identity):
+                names[name] = None
         return names
 
 

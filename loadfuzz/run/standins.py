@@ -22,15 +22,15 @@ of every relocation) and accepts L in front of step S in a state P only when:
    `_init`, `_fini` and version tags such as `GLIBC_2.2.5`, which no
    relocation names, has the same first definer (the one ld.so binds to) in
    the scope its relocations are looked up in: global scope + L's search
-   list when preloaded, global scope + S's search list in the cold run; but
-   for two
-   copies of one thing, which the tiers take to be one as well (C++'s
-   one-definition rule, `rebinding`): a weak definition of a C++ name (an
-   inline function, a template instance) and the C++ runtime's names and
-   type_info objects (`ODR_COPIES`). A plugin that repeats libtorch_cpu's
-   template instances makes libtorch_cpu bind to the plugin's copies in the
-   cold run and to its own when preloaded: the same code. A copy that would
-   answer a reference nothing else answers in the preloaded scope counts.
+   list when preloaded, global scope + S's search list in the cold run; or,
+   in the cold run, another copy of one thing, which the tiers take to be
+   the same as well (C++'s one-definition rule, `rebinding`): a weak
+   definition of a C++ name (an inline function, a template instance), the
+   C++ runtime's names and type_info objects (`ODR_COPIES`, `a_copy`). A
+   plugin that repeats libtorch_cpu's template instances makes libtorch_cpu
+   bind to the plugin's copies in the cold run and to its own when
+   preloaded: the same code. A copy that would answer a reference nothing
+   answers in the preloaded scope does not count as one.
 
 The global scope is then the same either way: `dlopen(S, RTLD_GLOBAL)` adds
 S's whole search list in its breadth-first order, already loaded objects
@@ -352,6 +352,6 @@ def same_definers(ahead: list[ElfFacts], warm: list[Key], cold: list[Key],
 
     for name in names:  # (`warm` is within `cold`: where `warm` has a definer, `cold` has one)
         here, there = first(warm, name), first(cold, name)
-        if here != there and (there is None or not a_copy(facts[there], name)):
-            return False
+        if here != there and (here is None or there is None or not a_copy(facts[there], name)):
+            return False  # (a weak reference left null warm is no copy of anything)
     return True
