@@ -100,26 +100,45 @@ def test_a_trial_that_rebinds_torch_still_forks_from_libpython_and_the_cxx_runti
     assert not any(name.startswith(("libtorch", "libc10")) for name in preloaded)
 
 
-def test_a_weak_reference_a_preload_left_null_is_answered_by_a_plugins_copy_as_in_the_cold_run(
-        loader, tmp_path):
-    """libheavy.so, a dependency outside the target (so the servers preload it), asks for
-    core::hook() by a weak reference from its constructor; libplug.so defines a weak copy (as
-    an inline function would be) that aborts. In the server nothing answered the reference;
-    cold, libheavy.so is relocated during libplug.so's load, and the copy answers it. A copy
-    of one thing is no copy of nothing: those trials do not fork from libheavy.so's server
-    (libuser.so's, which defines nothing, still do). Every verdict against the tests' plain
+# libheavy.so, a dependency outside the target (so the servers preload it, constructor and
+# all), and libplug.so, which needs it: cold, libheavy.so is mapped and relocated during
+# libplug.so's load, before any constructor of that load runs; in a server it was relocated
+# and initialised before the trial. Each pair of sources aborts one way only.
+RELOCATED_IN_THE_STEP = {
+    # a weak reference left null in the server; cold, libplug.so's weak copy (as an inline
+    # function would be) answers it: a copy of one thing is no copy of nothing
+    "a weak reference a copy answers": (
+        'extern int hook(void) __asm__("_ZN4core4hookEv") __attribute__((weak));\n'
+        "__attribute__((constructor)) static void init(void) { if (hook) hook(); }\n",
+        '#include <stdlib.h>\nint hook(void) __asm__("_ZN4core4hookEv");\n'
+        "__attribute__((weak)) int hook(void) { abort(); }\n"),
+    # an IFUNC whose resolver reads what libheavy.so's constructor set: cold, libplug.so's
+    # relocation resolves it before that constructor ran
+    "an IFUNC resolved before the library's constructor": (
+        "static int ready;\n"
+        "__attribute__((constructor)) static void init(void) { ready = 1; }\n"
+        "static int early(void) { return 0; }\nstatic int late(void) { return 1; }\n"
+        "static int (*pick(void))(void) { return ready ? late : early; }\n"
+        'int f(void) __attribute__((ifunc("pick")));\n',
+        "#include <stdlib.h>\nint f(void);\n"
+        "__attribute__((constructor)) static void init(void) { if (!f()) abort(); }\n"),
+}
+
+
+@pytest.mark.parametrize("case", RELOCATED_IN_THE_STEP)
+def test_a_trial_that_relocates_a_preloaded_library_otherwise_does_not_fork_from_its_server(
+        loader, tmp_path, case):
+    """The trials of libplug.so do not fork from libheavy.so's server (libuser.so's, which
+    needs libheavy.so and defines nothing, still do). Every verdict against the tests' plain
     loader."""
+    heavy, plug = RELOCATED_IN_THE_STEP[case]
     dep, target = tmp_path / "dep", tmp_path / "target"
     dep.mkdir()
     target.mkdir()
-    build(dep, "heavy", 'extern int hook(void) __asm__("_ZN4core4hookEv") __attribute__((weak));\n'
-          "__attribute__((constructor)) static void init(void) { if (hook) hook(); }\n")
-    build(target, "plug", "#include <stdlib.h>\n"
-          'int hook(void) __asm__("_ZN4core4hookEv");\n'
-          "__attribute__((weak)) int hook(void) { abort(); }\n",
-          "-Wl,--no-as-needed", f"-L{dep}", "-lheavy", f"-Wl,-rpath,{dep}")
-    build(target, "user", "int user(void) { return 3; }\n",
-          "-Wl,--no-as-needed", f"-L{dep}", "-lheavy", f"-Wl,-rpath,{dep}")
+    build(dep, "heavy", heavy)
+    uses_heavy = ("-Wl,--no-as-needed", f"-L{dep}", "-lheavy", f"-Wl,-rpath,{dep}")
+    build(target, "plug", plug, *uses_heavy)
+    build(target, "user", "int user(void) { return 3; }\n", *uses_heavy)
     build(target, "other", "int other(void) { return 2; }\n")
     done = loadfuzz("matrix", target, "--flags", "global,local", "--out", tmp_path / "out")
     assert done.returncode == 1, done.stderr

@@ -151,9 +151,10 @@ def test_a_library_stands_in_front_of_a_plugin_with_a_copy_of_its_function_but_n
     assert model.stands_in(model.start(()), facts[core], facts[plugin], True) is stands_in
 
 
-# A library whose constructor calls a function, and a plugin that needs the library and
-# defines that function itself, to abort(): cold, the plugin comes first in its own search
-# list and its definition answers the library's call. The three ways a model can miss it.
+# A library and a plugin that needs it, which abort cold only: the plugin's definition of a
+# function the library's constructor calls answers it (the plugin comes first in its own
+# search list), or the plugin's relocation resolves the library's IFUNC before the library's
+# constructor ran. The ways a model can miss it.
 ANSWERED_BY_THE_PLUGIN = {
     "a function named like a version tag": (False, r"""
 #include <stdio.h>
@@ -176,6 +177,18 @@ __attribute__((constructor)) static void init(void) { if (hook) hook(); }
 #include <stdlib.h>
 int hook(void) __asm__("_ZN4core4hookEv");
 __attribute__((weak)) int hook(void) { abort(); }
+"""),
+    "an IFUNC whose resolver reads what the library's constructor set": (False, r"""
+static int ready;
+__attribute__((constructor)) static void init(void) { ready = 1; }
+static int early(void) { return 0; }
+static int late(void) { return 1; }
+static int (*pick(void))(void) { return ready ? late : early; }
+int f(void) __attribute__((ifunc("pick")));
+""", r"""
+#include <stdlib.h>
+int f(void);
+__attribute__((constructor)) static void init(void) { if (!f()) abort(); }
 """),
     "the plugin's own definition of a function the library has an inline copy of": (True, r"""
 #include <cstdio>

@@ -149,7 +149,7 @@ def facts_to(facts: ElfFacts) -> tuple:
     return ((machine.elf_class, machine.little_endian, machine.machine), facts.soname,
             facts.needed, facts.rpath, facts.runpath, facts.symbolic, facts.defines,
             facts.protected, facts.undefined, facts.weak, facts.strong, facts.own_lookups,
-            facts.exports_api)
+            facts.exports_api, facts.ifuncs)
 
 
 def facts_from(stored: object, path: Path, stat: tuple[int, ...]) -> ElfFacts:
@@ -157,15 +157,15 @@ def facts_from(stored: object, path: Path, stat: tuple[int, ...]) -> ElfFacts:
     if not isinstance(stored, tuple):
         raise TypeError("not an entry of facts")
     (machine, soname, needed, rpath, runpath, symbolic, defines, protected, undefined, weak,
-     strong, own_lookups, exports_api) = stored
+     strong, own_lookups, exports_api, ifuncs) = stored
     for names in (needed, rpath, runpath):
         if not isinstance(names, tuple):
             raise TypeError("not an entry of facts")
-    for names in (defines, protected, undefined, weak, strong, own_lookups):
+    for names in (defines, protected, undefined, weak, strong, own_lookups, ifuncs):
         if not isinstance(names, frozenset):
             raise TypeError("not an entry of facts")
     return ElfFacts(path=path, identity=(stat[0], stat[1]), machine=Machine(*machine),
                     soname=soname, needed=needed, rpath=rpath, runpath=runpath,
                     symbolic=symbolic, defines=defines, protected=protected,
                     undefined=undefined, weak=weak, strong=strong,
-                    own_lookups=own_lookups, exports_api=exports_api)
+                    own_lookups=own_lookups, exports_api=exports_api, ifuncs=ifuncs)

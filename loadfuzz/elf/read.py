@@ -34,6 +34,7 @@ class BadElf(Exception):
 STB_GLOBAL, STB_WEAK, STB_GNU_UNIQUE = 1, 2, 10
 STV_PROTECTED = 3
 STT_FUNC = 2
+STT_GNU_IFUNC = 10
 SHN_ABS = 0xFFF1
 DF_SYMBOLIC = 0x2
 DF_1_PIE = 0x08000000  # DT_FLAGS_1: an executable built -pie, which ld.so will not dlopen
@@ -79,6 +80,9 @@ class ElfFacts:
     # import, to whichever definition comes first in scope (another object's copy, if earlier)
     own_lookups: frozenset[str] = field(repr=False)
     exports_api: bool = False  # a global function (C or C++) outside the C++ standard library
+    # exported definitions by an IFUNC resolver: run while a load relocates, before any
+    # constructor of that load (what it picks may depend on what constructors ran before)
+    ifuncs: frozenset[str] = field(default=frozenset(), repr=False)
 
     def binds_to_itself(self, symbol: str) -> bool:
         return symbol in self.defines and (self.symbolic or symbol in self.protected)
@@ -220,6 +224,7 @@ def parse_facts(path: Path, elf: ELFFile, size: int, host: Machine) -> ElfFacts:
         exports_api=any(s.exported and s.bind == STB_GLOBAL and s.kind == STT_FUNC
                         and not s.name.startswith(STD_PREFIXES) and s.name not in LOADER_HOOKS
                         for s in symbols),
+        ifuncs=frozenset(s.name for s in symbols if s.exported and s.kind == STT_GNU_IFUNC),
     )
 
 

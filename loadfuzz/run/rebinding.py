@@ -26,7 +26,10 @@ statically exports as copies of the runtime (`standins.a_copy`; a strong
 functions (operator new and delete) are not the runtime's in that sense: a
 library defines them so that they are used instead. And a weak reference
 the server left null counts whatever answers it in the cold run, a copy
-too: a copy of one thing is no copy of nothing.
+too: a copy of one thing is no copy of nothing. A step that maps, cold, a
+preloaded object together with objects that define an IFUNC or reference
+one of its IFUNCs rebinds too: their resolvers would run after its
+constructors, not before (`standins.resolved_after`).
 
 Where a step loads Python code (an import, `torch.ops.load_library`), the
 objects that code maps are not known beforehand: each preloaded object not
@@ -45,7 +48,15 @@ from loadfuzz.elf.read import ElfFacts
 from loadfuzz.model import Flags, StepKind
 from loadfuzz.model import Sequence as Steps
 from loadfuzz.run.harness import HarnessStep
-from loadfuzz.run.standins import RESERVED, Key, StandIns, State, a_copy, meant
+from loadfuzz.run.standins import (
+    RESERVED,
+    Key,
+    StandIns,
+    State,
+    a_copy,
+    meant,
+    resolved_after,
+)
 
 # A step as the cold run takes it: g (dlopen RTLD_GLOBAL), l (RTLD_LOCAL) or p (Python code,
 # which may map more than the library, if any, that it loads RTLD_LOCAL); the library's path.
@@ -83,6 +94,7 @@ class Rebinding:
         state = model.start([step for step in preload if step.mode == "g"])
         warm = model.start(preload)
         pending = set(contested)  # preloaded objects the cold run has not mapped yet
+        preloaded = set(warm.loaded) - set(state.loaded)
         for mode, path in steps:
             if mode == "p" and any(self.differs(contested[obj], state.global_scope)
                                    for obj in pending):
@@ -95,6 +107,10 @@ class Rebinding:
             if self.maps_otherwise(state, warm, facts):
                 return True
             load = model.open(state, facts, mode == "g")
+            early = preloaded.intersection(load.new)  # cold, relocated with the step's own
+            if early and resolved_after([model.facts[k] for k in early],
+                                        [model.facts[k] for k in load.new if k not in early]):
+                return True
             scope = model.lookup_scope(state, facts)
             mapped = pending.intersection(load.new)
             if any(self.differs(contested[obj], scope, everywhere=True) for obj in mapped):

@@ -30,7 +30,10 @@ of every relocation) and accepts L in front of step S in a state P only when:
    plugin that repeats libtorch_cpu's template instances makes libtorch_cpu
    bind to the plugin's copies in the cold run and to its own when
    preloaded: the same code. A copy that would answer a reference nothing
-   answers in the preloaded scope does not count as one.
+   answers in the preloaded scope does not count as one;
+4. **same IFUNC resolutions**: no object S maps besides L's defines an IFUNC
+   or references one of L's objects' (`resolved_after`): cold, ld.so
+   resolves them before L's constructors ran, ahead after.
 
 The global scope is then the same either way: `dlopen(S, RTLD_GLOBAL)` adds
 S's whole search list in its breadth-first order, already loaded objects
@@ -254,6 +257,8 @@ class StandIns:
         if not set(ahead.new) <= set(alone.new):
             return False
         then = self.open(ahead.after, step, is_global)
+        if resolved_after([self.facts[k] for k in ahead.new], [self.facts[k] for k in then.new]):
+            return False
         if self.ordered(ahead.inits + then.inits) != self.ordered(alone.inits) \
                 or then.after.global_scope != alone.after.global_scope:
             return False
@@ -306,6 +311,21 @@ def shared(names: frozenset[str], objects: list[ElfFacts]) -> set[str]:
     return {name for obj in objects
             for name in (names & obj.defines) | (names & obj.undefined) | (names & obj.weak)
             if name not in RESERVED}
+
+
+def resolves_late(obj: ElfFacts) -> bool:
+    """Whether the object defines an IFUNC whose resolver may see what a constructor did (the
+    C library's objects' resolvers read the CPU's features only)."""
+    return bool(obj.ifuncs) and not obj.path.name.startswith(C_LIBRARY)
+
+
+def resolved_after(early: list[ElfFacts], fresh: list[ElfFacts]) -> bool:
+    """Whether relocating `fresh` may run an IFUNC resolver that sees `early`'s constructors,
+    where the cold run relocates both before any of their constructors (ld.so runs a load's
+    resolvers while it relocates, then its constructors): an IFUNC `fresh` defines, or one of
+    `early`'s that `fresh` references."""
+    names = frozenset().union(*(obj.ifuncs for obj in early if resolves_late(obj)))
+    return any(resolves_late(obj) or names & (obj.undefined | obj.weak) for obj in fresh)
 
 
 def a_copy(obj: ElfFacts, name: str) -> bool:
