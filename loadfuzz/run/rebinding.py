@@ -54,6 +54,7 @@ from loadfuzz.run.standins import (
     StandIns,
     State,
     a_copy,
+    first_definer,
     meant,
     resolved_after,
 )
@@ -149,7 +150,7 @@ class Rebinding:
         defined nowhere in it differs too)."""
         facts = self.model.facts
         for name, server in names.items():
-            first = next((key for key in scope if name in facts[key].defines), None)
+            first = first_definer(scope, name, facts)
             if first != server and (everywhere or first is not None):
                 return True
         return False
@@ -192,12 +193,12 @@ class Rebinding:
             for name in lookups & own:
                 if name in names or name in RESERVED or a_copy(facts[other], name):
                     continue
-                server = next((key for key in scope if name in facts[key].defines), None)
+                server = first_definer(scope, name, facts)
                 if server != other and server not in self.model.first:
                     names[name] = server  # (the C library's answer comes first in every scope)
         # a weak reference the server left null: any definition, a copy too, would answer it
         for name in obj.weak - names.keys() - RESERVED:
-            if not any(name in facts[key].defines for key in scope) and any(
+            if first_definer(scope, name, facts) is None and any(
                     name in facts[other].defines for other, _ in everything if other != obj.identity):
                 names[name] = None
         return names

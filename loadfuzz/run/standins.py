@@ -313,6 +313,12 @@ def shared(names: frozenset[str], objects: list[ElfFacts]) -> set[str]:
             if name not in RESERVED}
 
 
+def first_definer(scope: Iterable[Key], name: str, facts: dict[Key, ElfFacts]) -> Key | None:
+    """The object of a lookup scope that a reference to the name binds to (the first that
+    defines it, as ld.so looks), or None: a weak reference stays null, a strong one fails."""
+    return next((key for key in scope if name in facts[key].defines), None)
+
+
 def resolves_late(obj: ElfFacts) -> bool:
     """Whether the object defines an IFUNC whose resolver may see what a constructor did (the
     C library's objects' resolvers read the CPU's features only)."""
@@ -366,12 +372,8 @@ def same_definers(ahead: list[ElfFacts], warm: list[Key], cold: list[Key],
         for b in common[i + 1:]:
             if position[a] > position[b]:
                 names |= shared(facts[a].defines & facts[b].defines, ahead)
-
-    def first(scope: list[Key], name: str) -> Key | None:
-        return next((key for key in scope if name in facts[key].defines), None)
-
     for name in names:  # (`warm` is within `cold`: where `warm` has a definer, `cold` has one)
-        here, there = first(warm, name), first(cold, name)
+        here, there = first_definer(warm, name, facts), first_definer(cold, name, facts)
         if here != there and (here is None or there is None or not a_copy(facts[there], name)):
             return False  # (a weak reference left null warm is no copy of anything)
     return True
