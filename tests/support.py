@@ -318,6 +318,24 @@ def what_the_loader_did(loader: Path, steps: list[HarnessStep], scratch: Path) -
     return bindings, inits
 
 
+# A library with an IFUNC whose resolver reads what the library's constructor set, and a
+# plugin that needs the library and calls the function from its own constructor: the plugin
+# aborts where its relocation resolved the IFUNC before the library's constructor ran (cold).
+IFUNC_LIBRARY = r"""
+static int ready;
+__attribute__((constructor)) static void init(void) { ready = 1; }
+static int early(void) { return 0; }
+static int late(void) { return 1; }
+static int (*pick(void))(void) { return ready ? late : early; }
+int f(void) __attribute__((ifunc("pick")));
+"""
+IFUNC_PLUGIN = r"""
+#include <stdlib.h>
+int f(void);
+__attribute__((constructor)) static void init(void) { if (!f()) abort(); }
+"""
+
+
 def bindings_that_moved(warm: set, cold: set) -> dict[tuple[str, str], tuple[str | None, str | None]]:
     """Per (object, name) bound otherwise in two of `what_the_loader_did`'s binding sets: the
     definer in each (None: not bound there)."""

@@ -20,7 +20,7 @@ from loadfuzz.model import Flags
 from loadfuzz.run.harness import HarnessStep
 from loadfuzz.run.standins import a_copy
 from loadfuzz.run.tiers import Tiers
-from support import ET, build, loadfuzz, what_the_loader_did
+from support import ET, IFUNC_LIBRARY, IFUNC_PLUGIN, build, loadfuzz, what_the_loader_did
 
 AOT = "kernels/quantized/libquantized_ops_aot_lib.so"
 
@@ -114,14 +114,7 @@ RELOCATED_IN_THE_STEP = {
         "__attribute__((weak)) int hook(void) { abort(); }\n"),
     # an IFUNC whose resolver reads what libheavy.so's constructor set: cold, libplug.so's
     # relocation resolves it before that constructor ran
-    "an IFUNC resolved before the library's constructor": (
-        "static int ready;\n"
-        "__attribute__((constructor)) static void init(void) { ready = 1; }\n"
-        "static int early(void) { return 0; }\nstatic int late(void) { return 1; }\n"
-        "static int (*pick(void))(void) { return ready ? late : early; }\n"
-        'int f(void) __attribute__((ifunc("pick")));\n',
-        "#include <stdlib.h>\nint f(void);\n"
-        "__attribute__((constructor)) static void init(void) { if (!f()) abort(); }\n"),
+    "an IFUNC resolved before the library's constructor": (IFUNC_LIBRARY, IFUNC_PLUGIN),
 }
 
 

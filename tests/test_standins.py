@@ -21,6 +21,8 @@ from loadfuzz.run.standins import StandIns
 from loadfuzz.run.tiers import Tiers
 from loadfuzz.run.trials import Trials, harness_steps
 from support import (
+    IFUNC_LIBRARY,
+    IFUNC_PLUGIN,
     bindings_that_moved,
     build,
     hostile,
@@ -178,18 +180,8 @@ __attribute__((constructor)) static void init(void) { if (hook) hook(); }
 int hook(void) __asm__("_ZN4core4hookEv");
 __attribute__((weak)) int hook(void) { abort(); }
 """),
-    "an IFUNC whose resolver reads what the library's constructor set": (False, r"""
-static int ready;
-__attribute__((constructor)) static void init(void) { ready = 1; }
-static int early(void) { return 0; }
-static int late(void) { return 1; }
-static int (*pick(void))(void) { return ready ? late : early; }
-int f(void) __attribute__((ifunc("pick")));
-""", r"""
-#include <stdlib.h>
-int f(void);
-__attribute__((constructor)) static void init(void) { if (!f()) abort(); }
-"""),
+    "an IFUNC whose resolver reads what the library's constructor set": (
+        False, IFUNC_LIBRARY, IFUNC_PLUGIN),
     "the plugin's own definition of a function the library has an inline copy of": (True, r"""
 #include <cstdio>
 inline int answer() { return 0; }
