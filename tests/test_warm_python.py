@@ -16,7 +16,7 @@ from loadfuzz.model import Flags, StepKind
 from loadfuzz.run.harness import Harness, HarnessDied, HarnessStep, Limits, run_cold
 from loadfuzz.run.tiers import Tiers
 from loadfuzz.run.trials import Trials, harness_steps
-from loadfuzz.run.warm import IMPORT_TORCH, START
+from loadfuzz.run.warm import IMPORT_TORCH, PROBE, START, probe_says
 from support import ET, EXTENSION, QUANTIZED, SITE, step
 
 LLM_RUNNER = ET / "extension" / "llm" / "runner" / "_llm_runner.cpython-311-x86_64-linux-gnu.so"
@@ -90,6 +90,22 @@ def test_a_warm_interpreter_sees_the_trial_s_own_home_and_tmpdir_as_a_cold_one_d
     cold = run_cold(steps, LIMITS, 1)
     assert [run.output.strip() for run in (*warm, cold)] == [b"True"] * 3
 
+
+@pytest.mark.parametrize(("init", "first"), [
+    ("import json\nimport torch\nprint('AFTER-TORCH')\n", True),
+    ("import os\nos.environ['EAGER'] = '1'\nimport torch\nprint('AFTER-TORCH')\n", False)],
+    ids=["imports-torch-first", "sets-a-variable-first"])
+def test_a_probe_answers_where_torch_is_first_looked_for_and_never_imports_it(tmp_path, init, first):
+    # the module that asks for torch is half-imported then, and gone from sys.modules after: the
+    # answer must be taken at that moment, and the second or two of torch's own import not paid
+    (tmp_path / "eager").mkdir()
+    (tmp_path / "eager" / "__init__.py").write_text(init)
+    program = PROBE.format(source="import eager\n") + "print('TORCH', 'torch' in __import__('sys').modules)\n"
+    done = subprocess.run([sys.executable, "-c", program], cwd=tmp_path, capture_output=True,
+                          timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-500:]
+    assert probe_says(done.stdout) is first
+    assert b"AFTER-TORCH" not in done.stdout and b"TORCH False" in done.stdout
 
 EXTENSION_C = """\
 #include <Python.h>

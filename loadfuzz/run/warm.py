@@ -38,29 +38,18 @@ MARK = b"LOADFUZZ-TORCH-FIRST "
 # `torch` came before any extension module that is not the stdlib's, with nothing that
 # importing torch depends on changed by then: the dlopen flags, the environment, the import
 # system, the shared objects mapped (ctypes.CDLL), and sys.modules but for what was imported.
+# The answer depends on nothing after that moment, so the probe ends the step there (`_Stop`):
+# it never pays for importing torch itself (a second or two), only for what comes before it.
 PROBE = """\
 import importlib.machinery as _machinery, os as _os, sys as _sys
-class _Seen:
-    names = []
-    at_torch = None
-    @classmethod
-    def find_spec(cls, name, path=None, target=None):
-        if name == 'torch' and cls.at_torch is None:
-            cls.at_torch = _state()
-        cls.names.append(name)
+class _Stop(BaseException):
+    pass
 def _state():
     with open('/proc/self/maps') as maps:
         mapped = {{line.split(None, 5)[5].strip() for line in maps if len(line.split(None, 5)) > 5}}
     hooks = [finder for finder in _sys.meta_path if finder is not _Seen]
     return (_sys.getdlopenflags(), dict(_os.environ), list(_sys.path), list(_sys.path_hooks),
             hooks, mapped, set(_sys.modules))
-_before = _state()
-_sys.meta_path.insert(0, _Seen)
-try:
-    exec(compile({source!r}, '<loadfuzz step>', 'exec'), {{'__name__': '__loadfuzz__'}})
-except BaseException:
-    pass
-_sys.meta_path.remove(_Seen)
 def _plain(name):
     module = _sys.modules.get(name)
     where = getattr(module, '__file__', None) or ''
@@ -71,10 +60,24 @@ def _unchanged(before, after):  # (new objects may be the stdlib's own extension
     return same == list(before[:-2]) and all(
         path.startswith(_sys.base_prefix + '/') for path in mapped - before[-2]) and (
         modules - before[-1] <= set(_Seen.names))
-_names = _Seen.names
-_first = ('torch' in _names and all(_plain(n) for n in _names[:_names.index('torch')])
-          and _unchanged(_before, _Seen.at_torch))
-print('LOADFUZZ-TORCH-FIRST', int(_first), flush=True)
+class _Seen:
+    names = []
+    first = stopped = False
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name == 'torch' and not cls.stopped:
+            cls.stopped = True
+            cls.first = all(_plain(n) for n in cls.names) and _unchanged(_before, _state())
+            raise _Stop
+        cls.names.append(name)
+_before = _state()
+_sys.meta_path.insert(0, _Seen)
+try:
+    exec(compile({source!r}, '<loadfuzz step>', 'exec'), {{'__name__': '__loadfuzz__'}})
+except BaseException:
+    pass
+_sys.meta_path.remove(_Seen)
+print('LOADFUZZ-TORCH-FIRST', int(_Seen.first), flush=True)
 """
 
 
