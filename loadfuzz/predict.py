@@ -128,9 +128,10 @@ class Process:
                                         "ld.so.conf, the system folders) holds it"))
         new = [obj for obj in order if obj.identity not in self.loaded]
         self.arrived += [(obj, index) for obj in new]
+        needed_as = self.needed_as(order)
         for obj in order:
             self.loaded.setdefault(obj.identity, obj)
-            for name in filter(None, (obj.soname, *self.needed_as(obj, order))):
+            for name in filter(None, (obj.soname, *needed_as.get(obj.identity, ()))):
                 self.by_name.setdefault(name, obj)
         for obj in self.init_order(new):
             ended = self.construct(index, obj, order)
@@ -141,14 +142,18 @@ class Process:
             self.global_scope += [obj for obj in order if obj.identity not in known]
         return None
 
-    def needed_as(self, obj: ElfFacts, order: Sequence[ElfFacts]) -> list[str]:
-        """The NEEDED names under which this step loaded `obj`. With its SONAME, the names
-        a later NEEDED entry finds it by, as ld.so keeps them; never its file name: a library
-        opened by its path is found again only by its SONAME, or as the same file on disk."""
+    def needed_as(self, order: Sequence[ElfFacts]) -> dict[tuple[int, int], list[str]]:
+        """The NEEDED names under which this step loaded each object, by identity. With its
+        SONAME, the names a later NEEDED entry finds it by, as ld.so keeps them; never its file
+        name: a library opened by its path is found again only by its SONAME, or as the same
+        file on disk."""
         links, files = self.inv.link_map.links, self.inv.link_map.files
-        return [name for parent in order for name in parent.needed
-                if (path := links.get((parent.path, name))) is not None
-                and files[path].identity == obj.identity]
+        names: dict[tuple[int, int], list[str]] = {}
+        for parent in order:
+            for name in parent.needed:
+                if (path := links.get((parent.path, name))) is not None:
+                    names.setdefault(files[path].identity, []).append(name)
+        return names
 
     def init_order(self, new: Sequence[ElfFacts]) -> list[ElfFacts]:
         """The order ld.so runs the constructors of the objects a step brought in (glibc's
