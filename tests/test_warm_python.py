@@ -93,19 +93,28 @@ def test_a_warm_interpreter_sees_the_trial_s_own_home_and_tmpdir_as_a_cold_one_d
 
 @pytest.mark.parametrize(("init", "first"), [
     ("import json\nimport torch\nprint('AFTER-TORCH')\n", True),
-    ("import os\nos.environ['EAGER'] = '1'\nimport torch\nprint('AFTER-TORCH')\n", False)],
-    ids=["imports-torch-first", "sets-a-variable-first"])
-def test_a_probe_answers_where_torch_is_first_looked_for_and_never_imports_it(tmp_path, init, first):
-    # the module that asks for torch is half-imported then, and gone from sys.modules after: the
-    # answer must be taken at that moment, and the second or two of torch's own import not paid
+    ("try:\n    import torch\nexcept BaseException:\n    pass\nprint('AFTER-TORCH')\n", True),
+    ("import threading\nthreading.Thread(target=__import__, args=('torch',)).start()\n"
+     "threading.Event().wait()\n", True),
+    ("import os\nos.environ['EAGER'] = '1'\nimport torch\n", False),
+    ("import os\nos.putenv('EAGER', '1')\nimport torch\n", False),
+    ("import sys\nsys.setrecursionlimit(40)\nimport torch\n", False),
+    ("import warnings\nwarnings.simplefilter('error')\nimport torch\n", False),
+    ("import importlib.util\nHAS_TORCH = importlib.util.find_spec('torch') is not None\n", False)],
+    ids=["imports-torch-first", "catches-what-stops-it", "in-a-thread", "sets-a-variable-first",
+         "sets-a-c-variable-first",
+         "sets-the-recursion-limit-first", "sets-a-warning-filter-first", "only-looks-torch-up"])
+def test_a_probe_answers_as_torch_s_own_code_would_start_and_never_runs_it(tmp_path, init, first):
+    # the module that asks for torch is half-imported then, and gone from sys.modules after:
+    # the answer is taken at that moment, and the process ends there
     (tmp_path / "eager").mkdir()
     (tmp_path / "eager" / "__init__.py").write_text(init)
-    program = PROBE.format(source="import eager\n") + "print('TORCH', 'torch' in __import__('sys').modules)\n"
-    done = subprocess.run([sys.executable, "-c", program], cwd=tmp_path, capture_output=True,
-                          timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)})
+    done = subprocess.run([sys.executable, "-c", PROBE.format(source="import eager\n")],
+                          cwd=tmp_path, capture_output=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)})
     assert done.returncode == 0, done.stderr[-500:]
     assert probe_says(done.stdout) is first
-    assert b"AFTER-TORCH" not in done.stdout and b"TORCH False" in done.stdout
+    assert b"AFTER-TORCH" not in done.stdout
 
 EXTENSION_C = """\
 #include <Python.h>
@@ -122,36 +131,70 @@ __attribute__((constructor)) static void check(void) { if (ParameterClass != (vo
 """
 
 
-def test_a_package_that_imports_torch_rtld_global_ends_as_cpython_not_as_a_plain_import(tmp_path):
-    """A package that sets RTLD_GLOBAL before its own `import torch` (some do, to share torch's
-    symbols) runs code of its own before torch: its trials must not fork from a server that
-    imported torch the plain way, where torch's symbols stay local. CPython is the judge."""
-    venv, torch_lib = tmp_path / "venv", SITE / "torch" / "lib"
+def package_in_a_venv(tmp_path, init, libraries):
+    """A venv that sees the test's site-packages, with a package `pkgx` of this `__init__` and
+    these (file name, C source, link options) built into it: its interpreter and the package."""
+    venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     site = venv / "lib" / "python3.11" / "site-packages"
     (site / "main.pth").write_text(f"import site; site.addsitedir({str(SITE)!r})\n")
     package = site / "pkgx"
     package.mkdir()
-    (package / "__init__.py").write_text(
-        "import os, sys\n_flags = sys.getdlopenflags()\n"
-        "sys.setdlopenflags(os.RTLD_NOW | os.RTLD_GLOBAL)\nimport torch\nsys.setdlopenflags(_flags)\n")
-    for name, source, *link in [
-            (f"_C{sysconfig.get_config_var('EXT_SUFFIX')}", EXTENSION_C,
-             f"-I{sysconfig.get_paths()['include']}", f"-L{torch_lib}", "-Wl,--no-as-needed",
-             "-lc10", f"-Wl,-rpath,{torch_lib}"),
-            ("libplain.so", INTERPOSED_C)]:
+    (package / "__init__.py").write_text(init)
+    for name, source, *link in libraries:
         (tmp_path / "x.c").write_text(source)
         subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(package / name), str(tmp_path / "x.c"),
                         *link], check=True)
-    python = str(venv / "bin" / "python")
+    return str(venv / "bin" / "python"), package
+
+
+def extension(name):
+    """An extension module of this name that needs libc10 (its trials fork from the heavy tier)."""
+    torch_lib = SITE / "torch" / "lib"
+    source = EXTENSION_C.replace('"_C"', f'"{name}"').replace("PyInit__C", f"PyInit_{name}")
+    return (f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}", source,
+            f"-I{sysconfig.get_paths()['include']}", f"-L{torch_lib}", "-Wl,--no-as-needed",
+            "-lc10", f"-Wl,-rpath,{torch_lib}")
+
+
+def matrix(python, package, tmp_path, *words):
+    """`loadfuzz matrix PACKAGE --flags python WORDS` run by the venv's interpreter: what it
+    printed and its records."""
+    folder = tmp_path / "results" / "-".join(("x", *words))
+    done = subprocess.run([python, "-m", "loadfuzz", "matrix", str(package), "--flags", "python",
+                           *words, "--out", str(folder)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    return done, [json.loads(line) for line in (folder / "trials.jsonl").open()]
+
+
+def test_a_package_that_imports_torch_rtld_global_ends_as_cpython_not_as_a_plain_import(tmp_path):
+    """A package that sets RTLD_GLOBAL before its own `import torch` (some do, to share torch's
+    symbols) runs code of its own before torch: its trials must not fork from a server that
+    imported torch the plain way, where torch's symbols stay local. CPython is the judge."""
+    python, package = package_in_a_venv(
+        tmp_path, "import os, sys\n_flags = sys.getdlopenflags()\n"
+        "sys.setdlopenflags(os.RTLD_NOW | os.RTLD_GLOBAL)\nimport torch\nsys.setdlopenflags(_flags)\n",
+        [extension("_C"), ("libplain.so", INTERPOSED_C)])
     real = subprocess.run([python, "-c", "import pkgx._C, ctypes; "
                            f"ctypes.CDLL({str(package / 'libplain.so')!r})"],
                           cwd=tmp_path, capture_output=True, timeout=120)
     assert real.returncode == -signal.SIGABRT, real.stderr[-500:]
-    done = subprocess.run([python, "-m", "loadfuzz", "matrix", str(package), "--flags", "python",
-                           "--out", str(tmp_path / "results")],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    done, records = matrix(python, package, tmp_path)
     assert done.returncode == 1, done.stderr
-    records = [json.loads(line) for line in (tmp_path / "results" / "trials.jsonl").open()]
     [first_c] = [r for r in records if r["sequence"][0]["lib"].startswith("_C")]
     assert first_c["outcome"] == "abort", first_c
+
+
+def test_a_package_whose_torch_import_fails_in_its_own_state_ends_as_cpython_not_clean(tmp_path):
+    """A package that lowers the recursion limit before `import torch`: torch's import fails
+    there, as CPython shows, where in a server that imported torch first it would not."""
+    python, package = package_in_a_venv(
+        tmp_path, "import sys\nsys.setrecursionlimit(40)\nimport torch\n",
+        [extension("_a"), extension("_b")])
+    real = subprocess.run([python, "-c", "import pkgx._a"], cwd=tmp_path, capture_output=True,
+                          timeout=120)
+    assert real.returncode == 1 and b"RecursionError" in real.stderr, real.stderr[-500:]
+    (done, warm), (_, cold) = matrix(python, package, tmp_path), matrix(python, package, tmp_path, "--cold")
+    assert done.returncode == 1, done.stderr
+    assert [(r["outcome"], r["step"]) for r in warm] == [(r["outcome"], r["step"]) for r in cold] == [
+        ("load-error", 0)] * 2

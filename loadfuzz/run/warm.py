@@ -14,10 +14,12 @@ Python step imports torch before anything of its own (no extension module of its
 is loaded before `import torch`, and nothing torch's import depends on has changed by
 then: a package that sets RTLD_GLOBAL first imports another torch; e.g. ExecuTorch's
 `_llm_runner`, whose package imports torch first), the heavy server imports torch too
-before forking. Whether a
-step does is asked of the step itself, once per campaign: a *probe* runs it in a
-server whose interpreter is started, recording every module the import system looks
-for (`PROBE`).
+before forking. Whether a step does is asked of the step itself, once per campaign: a
+*probe* runs it in a server whose interpreter is started, recording every module the
+import system looks for, up to the moment torch's own code would start to run, and ends
+there (`PROBE`). What it compares at that moment is a list (below): a step that changes
+something else before torch that torch's import depends on (a stdlib function it
+replaces, say) is not seen.
 """
 
 from __future__ import annotations
@@ -33,23 +35,45 @@ START = ""  # the source of a preload that only starts the interpreter
 IMPORT_TORCH = "import torch\n"
 MARK = b"LOADFUZZ-TORCH-FIRST "
 
-# Runs a step's source while a finder first in sys.meta_path notes every module looked
-# for, and the state of the process when `torch` is first looked for; then says whether
-# `torch` came before any extension module that is not the stdlib's, with nothing that
-# importing torch depends on changed by then: the dlopen flags, the environment, the import
-# system, the shared objects mapped (ctypes.CDLL), and sys.modules but for what was imported.
-# The answer depends on nothing after that moment, so the probe ends the step there (`_Stop`):
-# it never pays for importing torch itself (a second or two), only for what comes before it.
+# Runs a step's source while a finder first in sys.meta_path notes every module looked for
+# and hands out torch's spec with a loader of its own: at the moment torch's own code would
+# start to run, it says whether torch came before any extension module that is not the
+# stdlib's, with nothing that importing torch depends on changed since the interpreter
+# started: the dlopen flags, the environment (os.environ and the C library's), the import
+# system (sys.path, its hooks and finders, `__import__`), the shared objects mapped
+# (ctypes.CDLL), sys.modules but for what was imported, and what else the step may set that
+# an import can see (the recursion limit, warning filters, signal handlers, resource
+# limits, the working folder, the standard streams, a tracer, the locale, faulthandler).
+# Then it ends the process: the answer depends on nothing after that moment, and importing
+# torch itself costs a second or two. A step that only looks torch up
+# (importlib.util.find_spec) never runs torch's code, and is answered at its end: not first.
 PROBE = """\
-import importlib.machinery as _machinery, os as _os, sys as _sys
-class _Stop(BaseException):
-    pass
+import builtins as _builtins, faulthandler as _faulthandler, importlib.machinery as _machinery
+import locale as _locale, os as _os, resource as _resource, signal as _signal, sys as _sys
+import ctypes as _ctypes, warnings as _warnings
+_LIMITS = [getattr(_resource, n) for n in dir(_resource) if n.startswith('RLIMIT_')]
+_ENVIRON = _ctypes.POINTER(_ctypes.c_char_p).in_dll(_ctypes.CDLL(None), 'environ')
+def _c_environment():  # (os.putenv changes it, not os.environ)
+    found = []
+    while _ENVIRON[len(found)] is not None:
+        found.append(_ENVIRON[len(found)])
+    return found
 def _state():
     with open('/proc/self/maps') as maps:
         mapped = {{line.split(None, 5)[5].strip() for line in maps if len(line.split(None, 5)) > 5}}
     hooks = [finder for finder in _sys.meta_path if finder is not _Seen]
-    return (_sys.getdlopenflags(), dict(_os.environ), list(_sys.path), list(_sys.path_hooks),
-            hooks, mapped, set(_sys.modules))
+    try:
+        here = _os.getcwd()
+    except OSError:
+        here = None
+    return (_sys.getdlopenflags(), dict(_os.environ), _c_environment(), list(_sys.path),
+            list(_sys.path_hooks),
+            hooks, _builtins.__import__, _sys.getrecursionlimit(), list(_warnings.filters),
+            [_signal.getsignal(s) for s in _signal.valid_signals()],
+            [_resource.getrlimit(n) for n in _LIMITS], here,
+            (_sys.stdin, _sys.stdout, _sys.stderr), _sys.gettrace(), _sys.getprofile(),
+            _locale.setlocale(_locale.LC_ALL), _faulthandler.is_enabled(),
+            _sys.dont_write_bytecode, mapped, set(_sys.modules))
 def _plain(name):
     module = _sys.modules.get(name)
     where = getattr(module, '__file__', None) or ''
@@ -60,24 +84,37 @@ def _unchanged(before, after):  # (new objects may be the stdlib's own extension
     return same == list(before[:-2]) and all(
         path.startswith(_sys.base_prefix + '/') for path in mapped - before[-2]) and (
         modules - before[-1] <= set(_Seen.names))
+def _answer(first):
+    print('LOADFUZZ-TORCH-FIRST', int(first), flush=True)
+class _Runs:
+    def __init__(self, loader):
+        self.loader = loader
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+    def exec_module(self, module):
+        _answer(all(_plain(n) for n in _Seen.names if n != 'torch')
+                and _unchanged(_before, _state()))
+        _os._exit(0)
 class _Seen:
     names = []
-    first = stopped = False
     @classmethod
     def find_spec(cls, name, path=None, target=None):
-        if name == 'torch' and not cls.stopped:
-            cls.stopped = True
-            cls.first = all(_plain(n) for n in cls.names) and _unchanged(_before, _state())
-            raise _Stop
         cls.names.append(name)
+        if name != 'torch':
+            return None
+        for finder in _sys.meta_path[_sys.meta_path.index(cls) + 1:]:
+            spec = getattr(finder, 'find_spec', lambda *_: None)(name, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _Runs(spec.loader)
+                return spec
+        return None
 _before = _state()
 _sys.meta_path.insert(0, _Seen)
 try:
     exec(compile({source!r}, '<loadfuzz step>', 'exec'), {{'__name__': '__loadfuzz__'}})
 except BaseException:
     pass
-_sys.meta_path.remove(_Seen)
-print('LOADFUZZ-TORCH-FIRST', int(_Seen.first), flush=True)
+_answer(False)
 """
 
 
