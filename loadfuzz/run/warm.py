@@ -66,9 +66,9 @@ def _state():
         here = _os.getcwd()
     except OSError:
         here = None
-    return (_sys.getdlopenflags(), dict(_os.environ), _c_environment(), list(_sys.path),
-            list(_sys.path_hooks),
-            hooks, _builtins.__import__, _sys.getrecursionlimit(), list(_warnings.filters),
+    return (_sys.getdlopenflags(), dict(_os.environ), _c_environment(),
+            list(_sys.path), list(_sys.path_hooks), hooks, _builtins.__import__,
+            _sys.getrecursionlimit(), list(_warnings.filters),
             [_signal.getsignal(s) for s in _signal.valid_signals()],
             [_resource.getrlimit(n) for n in _LIMITS], here,
             (_sys.stdin, _sys.stdout, _sys.stderr), _sys.gettrace(), _sys.getprofile(),
