@@ -55,6 +55,7 @@ from loadfuzz.run.standins import (
     State,
     a_copy,
     first_definer,
+    first_definers,
     meant,
     resolved_after,
 )
@@ -148,9 +149,9 @@ class Rebinding:
         """Whether a name's first definer in `scope` is not its server definer: one found
         elsewhere (`everywhere`: `scope` is all the object's relocations see, so a name
         defined nowhere in it differs too)."""
-        facts = self.model.facts
+        firsts = first_definers(scope, names, self.model.facts)
         for name, server in names.items():
-            first = first_definer(scope, name, facts)
+            first = firsts.get(name)
             if first != server and (everywhere or first is not None):
                 return True
         return False
@@ -188,14 +189,17 @@ class Rebinding:
         """`contested` for one object; `everything`: each object's own definitions (`meant`)."""
         lookups = obj.undefined | obj.weak | obj.own_lookups  # (a version tag is never one)
         facts = self.model.facts
-        names: dict[str, Key | None] = {}
+        definers: dict[str, set[Key]] = {}  # the objects that define each name as their own
         for other, own in everything:
             for name in lookups & own:
-                if name in names or name in RESERVED or a_copy(facts[other], name):
-                    continue
-                server = first_definer(scope, name, facts)
-                if server != other and server not in self.model.first:
-                    names[name] = server  # (the C library's answer comes first in every scope)
+                if name not in RESERVED and not a_copy(facts[other], name):
+                    definers.setdefault(name, set()).add(other)
+        servers = first_definers(scope, definers, facts)
+        names: dict[str, Key | None] = {}
+        for name, others in definers.items():
+            server = servers.get(name)
+            if others - {server} and server not in self.model.first:
+                names[name] = server  # (the C library's answer comes first in every scope)
         # a weak reference the server left null: any definition, a copy too, would answer it
         for name in obj.weak - names.keys() - RESERVED:
             if first_definer(scope, name, facts) is None and any(

@@ -130,6 +130,7 @@ class StandIns:
         self._started: dict[tuple[HarnessStep, ...], State] = {}
         self._lists: dict[tuple[State, Key], list[ElfFacts]] = {}  # search lists, by state
         self._sizes: dict[Key, int] = {}
+        self._deps: dict[Key, list[ElfFacts]] = {}
         self._pythonish: dict[Key, bool] = {}
         self.first = tuple(f.identity for f in self.facts.values()
                            if f.path.name.startswith(STARTS_LOADED))
@@ -167,8 +168,13 @@ class StandIns:
         return found
 
     def deps(self, obj: ElfFacts) -> list[ElfFacts]:
-        found = [self.map.links.get((obj.path, name)) for name in obj.needed]
-        return list({self.by_path[p].identity: self.by_path[p] for p in found if p}.values())
+        """The objects the object's NEEDED entries name, once each, in their order."""
+        found = self._deps.get(obj.identity)
+        if found is None:
+            paths = [self.map.links.get((obj.path, name)) for name in obj.needed]
+            found = self._deps[obj.identity] = list(
+                {self.by_path[p].identity: self.by_path[p] for p in paths if p}.values())
+        return found
 
     def open(self, state: State, root: ElfFacts, is_global: bool) -> Load:
         """dlopen(root, RTLD_NOW | (RTLD_GLOBAL if is_global else RTLD_LOCAL)) in the model;
@@ -319,6 +325,19 @@ def first_definer(scope: Iterable[Key], name: str, facts: dict[Key, ElfFacts]) -
     return next((key for key in scope if name in facts[key].defines), None)
 
 
+def first_definers(scope: Iterable[Key], names: Iterable[str],
+                   facts: dict[Key, ElfFacts]) -> dict[str, Key]:
+    """`first_definer` of each of the names that has one: the scope walked once, not once a name."""
+    left, found = set(names), {}
+    for key in scope:
+        if not left:
+            break
+        hits = left & facts[key].defines
+        found.update(dict.fromkeys(hits, key))
+        left -= hits
+    return found
+
+
 def resolves_late(obj: ElfFacts) -> bool:
     """Whether the object defines an IFUNC whose resolver may see what a constructor did (the
     C library's objects' resolvers read the CPU's features only)."""
@@ -372,8 +391,9 @@ def same_definers(ahead: list[ElfFacts], warm: list[Key], cold: list[Key],
         for b in common[i + 1:]:
             if position[a] > position[b]:
                 names |= shared(facts[a].defines & facts[b].defines, ahead)
+    here_of, there_of = first_definers(warm, names, facts), first_definers(cold, names, facts)
     for name in names:  # (`warm` is within `cold`: where `warm` has a definer, `cold` has one)
-        here, there = first_definer(warm, name, facts), first_definer(cold, name, facts)
+        here, there = here_of.get(name), there_of.get(name)
         if here != there and (here is None or there is None or not a_copy(facts[there], name)):
             return False  # (a weak reference left null warm is no copy of anything)
     return True
