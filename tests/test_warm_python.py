@@ -100,10 +100,14 @@ def test_a_warm_interpreter_sees_the_trial_s_own_home_and_tmpdir_as_a_cold_one_d
     ("import os\nos.putenv('EAGER', '1')\nimport torch\n", False),
     ("import sys\nsys.setrecursionlimit(40)\nimport torch\n", False),
     ("import warnings\nwarnings.simplefilter('error')\nimport torch\n", False),
-    ("import importlib.util\nHAS_TORCH = importlib.util.find_spec('torch') is not None\n", False)],
+    ("import importlib.util\nHAS_TORCH = importlib.util.find_spec('torch') is not None\n", False),
+    ("import warnings\nwith warnings.catch_warnings(record=True):\n    import torch\n", False),
+    ("import os, time\nif os.fork() == 0:\n    time.sleep(0.5)\n    import torch\n    os._exit(0)\n",
+     False)],
     ids=["imports-torch-first", "catches-what-stops-it", "in-a-thread", "sets-a-variable-first",
          "sets-a-c-variable-first",
-         "sets-the-recursion-limit-first", "sets-a-warning-filter-first", "only-looks-torch-up"])
+         "sets-the-recursion-limit-first", "sets-a-warning-filter-first", "only-looks-torch-up",
+         "records-torch-s-warnings", "forks-a-child-that-imports-torch"])
 def test_a_probe_answers_as_torch_s_own_code_would_start_and_never_runs_it(tmp_path, init, first):
     # the module that asks for torch is half-imported then, and gone from sys.modules after:
     # the answer is taken at that moment, and the process ends there

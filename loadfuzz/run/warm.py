@@ -19,7 +19,11 @@ before forking. Whether a step does is asked of the step itself, once per campai
 import system looks for, up to the moment torch's own code would start to run, and ends
 there (`PROBE`). What it compares at that moment is a list (below): a step that changes
 something else before torch that torch's import depends on (a stdlib function it
-replaces, say) is not seen.
+replaces, say) is not seen. Nor is code of the step's own, run before its `import torch`,
+that looks at torch itself: from the warm server it finds torch already in `sys.modules`.
+Where that makes the trial fail, the failure is confirmed cold and the cold run's record
+kept (a package that must be imported before torch); where it makes a trial clean that
+fails cold (one that insists on torch being imported already), the fast record stands.
 """
 
 from __future__ import annotations
@@ -43,7 +47,9 @@ MARK = b"LOADFUZZ-TORCH-FIRST "
 # system (sys.path, its hooks and finders, `__import__`), the shared objects mapped
 # (ctypes.CDLL), sys.modules but for what was imported, and what else the step may set that
 # an import can see (the recursion limit, warning filters, signal handlers, resource
-# limits, the working folder, the standard streams, a tracer, the locale, faulthandler).
+# limits, the working folder, the standard streams, a tracer, the locale, faulthandler, how
+# warnings are shown or recorded). Only the step's own process answers: torch imported in a
+# child it forks is not torch imported first.
 # Then it ends the process: the answer depends on nothing after that moment, and importing
 # torch itself costs a second or two. A step that only looks torch up
 # (importlib.util.find_spec) never runs torch's code, and is answered at its end: not first.
@@ -52,6 +58,7 @@ import builtins as _builtins, faulthandler as _faulthandler, importlib.machinery
 import locale as _locale, os as _os, resource as _resource, signal as _signal, sys as _sys
 import ctypes as _ctypes, warnings as _warnings
 _LIMITS = [getattr(_resource, n) for n in dir(_resource) if n.startswith('RLIMIT_')]
+_PID = _os.getpid()  # the step's own process: a child it forks answers nothing
 _ENVIRON = _ctypes.POINTER(_ctypes.c_char_p).in_dll(_ctypes.CDLL(None), 'environ')
 def _c_environment():  # (os.putenv changes it, not os.environ)
     found = []
@@ -68,7 +75,8 @@ def _state():
         here = None
     return (_sys.getdlopenflags(), dict(_os.environ), _c_environment(),
             list(_sys.path), list(_sys.path_hooks), hooks, _builtins.__import__,
-            _sys.getrecursionlimit(), list(_warnings.filters),
+            _sys.getrecursionlimit(), list(_warnings.filters), _warnings.showwarning,
+            getattr(_warnings, '_showwarnmsg_impl', None),
             [_signal.getsignal(s) for s in _signal.valid_signals()],
             [_resource.getrlimit(n) for n in _LIMITS], here,
             (_sys.stdin, _sys.stdout, _sys.stderr), _sys.gettrace(), _sys.getprofile(),
@@ -85,14 +93,15 @@ def _unchanged(before, after):  # (new objects may be the stdlib's own extension
         path.startswith(_sys.base_prefix + '/') for path in mapped - before[-2]) and (
         modules - before[-1] <= set(_Seen.names))
 def _answer(first):
-    print('LOADFUZZ-TORCH-FIRST', int(first), flush=True)
+    if _os.getpid() == _PID:
+        print('LOADFUZZ-TORCH-FIRST', int(first), flush=True)
 class _Runs:
     def __init__(self, loader):
         self.loader = loader
     def create_module(self, spec):
         return self.loader.create_module(spec)
     def exec_module(self, module):
-        _answer(all(_plain(n) for n in _Seen.names if n != 'torch')
+        _answer(_os.getpid() == _PID and all(_plain(n) for n in _Seen.names if n != 'torch')
                 and _unchanged(_before, _state()))
         _os._exit(0)
 class _Seen:
