@@ -103,16 +103,22 @@ def test_a_warm_interpreter_sees_the_trial_s_own_home_and_tmpdir_as_a_cold_one_d
     ("import importlib.util\nHAS_TORCH = importlib.util.find_spec('torch') is not None\n", False),
     ("import warnings\nwith warnings.catch_warnings(record=True):\n    import torch\n", False),
     ("import os, time\nif os.fork() == 0:\n    time.sleep(0.5)\n    import torch\n    os._exit(0)\n",
-     False)],
+     False),
+    ("import hashlib, ssl, zlib\nimport torch\n", True),
+    ("import ctypes, os\nctypes.CDLL(os.path.join(os.path.dirname(__file__), 'libown.so'))\n"
+     "import torch\n", False)],
     ids=["imports-torch-first", "catches-what-stops-it", "in-a-thread", "sets-a-variable-first",
-         "sets-a-c-variable-first",
-         "sets-the-recursion-limit-first", "sets-a-warning-filter-first", "only-looks-torch-up",
-         "records-torch-s-warnings", "forks-a-child-that-imports-torch"])
+         "sets-a-c-variable-first", "sets-the-recursion-limit-first", "sets-a-warning-filter-first",
+         "only-looks-torch-up", "records-torch-s-warnings", "forks-a-child-that-imports-torch",
+         "imports-stdlib-extensions-first", "opens-a-library-of-its-own-first"])
 def test_a_probe_answers_as_torch_s_own_code_would_start_and_never_runs_it(tmp_path, init, first):
     # the module that asks for torch is half-imported then, and gone from sys.modules after:
     # the answer is taken at that moment, and the process ends there
     (tmp_path / "eager").mkdir()
     (tmp_path / "eager" / "__init__.py").write_text(init)
+    (tmp_path / "own.c").write_text("int own(void) { return 1; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / "eager" / "libown.so"),
+                    str(tmp_path / "own.c")], check=True)
     done = subprocess.run([sys.executable, "-c", PROBE.format(source="import eager\n")],
                           cwd=tmp_path, capture_output=True, timeout=60,
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)})

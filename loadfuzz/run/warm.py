@@ -28,11 +28,15 @@ fails cold (one that insists on torch being imported already), the fast record s
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from loadfuzz import hostenv
+from loadfuzz.elf.cache import ElfCache
+from loadfuzz.elf.read import BadElf, ElfFacts, ElfReader
 from loadfuzz.run.harness import HarnessStep, Preload
 
 START = ""  # the source of a preload that only starts the interpreter
@@ -44,19 +48,20 @@ MARK = b"LOADFUZZ-TORCH-FIRST "
 # start to run, it says whether torch came before any extension module that is not the
 # stdlib's, with nothing that importing torch depends on changed since the interpreter
 # started: the dlopen flags, the environment (os.environ and the C library's), the import
-# system (sys.path, its hooks and finders, `__import__`), the shared objects mapped
-# (ctypes.CDLL), sys.modules but for what was imported, and what else the step may set that
-# an import can see (the recursion limit, warning filters, signal handlers, resource
-# limits, the working folder, the standard streams, a tracer, the locale, faulthandler, how
-# warnings are shown or recorded). Only the step's own process answers: torch imported in a
-# child it forks is not torch imported first.
+# system (sys.path, its hooks and finders, `__import__`), sys.modules but for what was
+# imported, and what else the step may set that an import can see (the recursion limit,
+# warning filters, how warnings are shown or recorded, signal handlers, resource limits,
+# the working folder, the standard streams, a tracer, the locale, faulthandler). It prints
+# the objects mapped since (ctypes.CDLL, an extension module's libraries) for `probe_says`.
 # Then it ends the process: the answer depends on nothing after that moment, and importing
-# torch itself costs a second or two. A step that only looks torch up
+# torch itself costs a second or two. Only the step's own process answers (torch imported
+# in a child it forks is not torch imported first). A step that only looks torch up
 # (importlib.util.find_spec) never runs torch's code, and is answered at its end: not first.
 PROBE = """\
 import builtins as _builtins, faulthandler as _faulthandler, importlib.machinery as _machinery
 import locale as _locale, os as _os, resource as _resource, signal as _signal, sys as _sys
-import ctypes as _ctypes, warnings as _warnings
+import ctypes as _ctypes, json as _json, sysconfig as _sysconfig, warnings as _warnings
+_STDLIB = _os.path.realpath(_sysconfig.get_config_var('DESTSHARED')) + '/'
 _LIMITS = [getattr(_resource, n) for n in dir(_resource) if n.startswith('RLIMIT_')]
 _PID = _os.getpid()  # the step's own process: a child it forks answers nothing
 _ENVIRON = _ctypes.POINTER(_ctypes.c_char_p).in_dll(_ctypes.CDLL(None), 'environ')
@@ -87,22 +92,24 @@ def _plain(name):
     where = getattr(module, '__file__', None) or ''
     return module is not None and (where.startswith(_sys.base_prefix) or not where.endswith(
         tuple(_machinery.EXTENSION_SUFFIXES)))
-def _unchanged(before, after):  # (new objects may be the stdlib's own extension modules)
-    *same, mapped, modules = after
-    return same == list(before[:-2]) and all(
-        path.startswith(_sys.base_prefix + '/') for path in mapped - before[-2]) and (
-        modules - before[-1] <= set(_Seen.names))
-def _answer(first):
+def _unchanged(before, after):  # (objects mapped since: see `probe_says`)
+    *same, _, modules = after
+    return same == list(before[:-2]) and modules - before[-1] <= set(_Seen.names)
+def _answer(first, mapped=()):
     if _os.getpid() == _PID:
-        print('LOADFUZZ-TORCH-FIRST', int(first), flush=True)
+        new = sorted(set(mapped) - _before[-2])
+        stdlib = [path for path in new if path.startswith(_STDLIB)]
+        others = [path for path in new if not path.startswith(_STDLIB)]
+        print('LOADFUZZ-TORCH-FIRST', int(first), _json.dumps([stdlib, others]), flush=True)
 class _Runs:
     def __init__(self, loader):
         self.loader = loader
     def create_module(self, spec):
         return self.loader.create_module(spec)
     def exec_module(self, module):
+        now = _state()
         _answer(_os.getpid() == _PID and all(_plain(n) for n in _Seen.names if n != 'torch')
-                and _unchanged(_before, _state()))
+                and _unchanged(_before, now), now[-2])
         _os._exit(0)
 class _Seen:
     names = []
@@ -127,10 +134,41 @@ _answer(False)
 """
 
 
-def probe_says(output: bytes) -> bool:
-    """What a probe's output says: True when the step imports torch first."""
+def probe_says(output: bytes, read: Callable[[Path], ElfFacts] | None = None) -> bool:
+    """What a probe's output says: True when the step imports torch first, every object it
+    mapped before torch being one of the stdlib's extension modules or a library they need
+    (`explained`; `read`: ELF facts, by default through the ELF cache)."""
     lines = [line for line in output.splitlines() if line.startswith(MARK)]
-    return bool(lines) and lines[-1] == MARK + b"1"
+    if not lines or not lines[-1][len(MARK):].startswith(b"1 "):
+        return False
+    stdlib, others = json.loads(lines[-1][len(MARK) + 2:])
+    lib = hostenv.torch_lib_dir()
+    bundled = frozenset(path.name for path in lib.iterdir()) if lib is not None else frozenset()
+    return explained(stdlib, others, read or ElfReader(ElfCache.default()).facts, bundled)
+
+
+def explained(stdlib: list[str], others: list[str], read: Callable[[Path], ElfFacts],
+              bundled: frozenset[str]) -> bool:
+    """Whether the objects a step mapped before torch leave torch's import as it is in a
+    server: each of `others` a library that the stdlib's extension modules `stdlib` need,
+    directly or through one another (OpenSSL's libssl.so.3 under `_ssl`, where Python was
+    built against the system's), loaded RTLD_LOCAL as a dependency, so that it takes no part
+    in torch's lookups; and none of them named as a library torch brings (`bundled`: the
+    first loaded would answer for both, so torch's copy and the system's would trade places).
+    Anything else (a library the step opened with ctypes, a data file) is a change."""
+    try:
+        needed = {name for path in stdlib for name in read(Path(path)).needed}
+        left = {Path(path): read(Path(path)) for path in others}
+    except BadElf:
+        return False
+    while left:
+        found = [path for path, facts in left.items()
+                 if facts.soname in needed or path.name in needed]
+        if not found:
+            return False
+        for path in found:
+            needed.update(left.pop(path).needed)
+    return needed.isdisjoint(bundled)
 
 
 @dataclass
