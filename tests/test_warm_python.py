@@ -126,6 +126,12 @@ def test_a_probe_answers_as_torch_s_own_code_would_start_and_never_runs_it(tmp_p
     assert probe_says(done.stdout) is first
     assert b"AFTER-TORCH" not in done.stdout
 
+
+def test_a_line_of_the_step_s_own_that_looks_like_a_probe_s_answer_is_no_answer():
+    assert probe_says(b"LOADFUZZ-TORCH-FIRST 1 [[], []]\n")  # the probe's own form
+    for line in (b"LOADFUZZ-TORCH-FIRST 1 not json", b"LOADFUZZ-TORCH-FIRST 1 5", b"LOADFUZZ-TORCH-FIRST 1"):
+        assert not probe_says(line + b"\n")
+
 EXTENSION_C = """\
 #include <Python.h>
 static struct PyModuleDef def = {PyModuleDef_HEAD_INIT, "_C", NULL, -1, NULL, NULL, NULL, NULL, NULL};

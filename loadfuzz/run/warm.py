@@ -87,11 +87,11 @@ def _state():
             (_sys.stdin, _sys.stdout, _sys.stderr), _sys.gettrace(), _sys.getprofile(),
             _locale.setlocale(_locale.LC_ALL), _faulthandler.is_enabled(),
             _sys.dont_write_bytecode, mapped, set(_sys.modules))
-def _plain(name):
+def _plain(name):  # a module, not an extension module but the stdlib's own
     module = _sys.modules.get(name)
     where = getattr(module, '__file__', None) or ''
-    return module is not None and (where.startswith(_sys.base_prefix) or not where.endswith(
-        tuple(_machinery.EXTENSION_SUFFIXES)))
+    return module is not None and (_os.path.realpath(where).startswith(_STDLIB)
+                                   or not where.endswith(tuple(_machinery.EXTENSION_SUFFIXES)))
 def _unchanged(before, after):  # (objects mapped since: see `probe_says`)
     *same, _, modules = after
     return same == list(before[:-2]) and modules - before[-1] <= set(_Seen.names)
@@ -141,7 +141,10 @@ def probe_says(output: bytes, read: Callable[[Path], ElfFacts] | None = None) ->
     lines = [line for line in output.splitlines() if line.startswith(MARK)]
     if not lines or not lines[-1][len(MARK):].startswith(b"1 "):
         return False
-    stdlib, others = json.loads(lines[-1][len(MARK) + 2:])
+    try:
+        stdlib, others = json.loads(lines[-1][len(MARK) + 2:])
+    except (TypeError, ValueError):  # (a line of the step's own that starts as the probe's do)
+        return False
     lib = hostenv.torch_lib_dir()
     bundled = frozenset(path.name for path in lib.iterdir()) if lib is not None else frozenset()
     return explained(stdlib, others, read or ElfReader(ElfCache.default()).facts, bundled)
