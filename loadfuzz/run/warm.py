@@ -51,8 +51,9 @@ MARK = b"LOADFUZZ-TORCH-FIRST "
 # system (sys.path, its hooks and finders, `__import__`), sys.modules but for what was
 # imported, and what else the step may set that an import can see (the recursion limit,
 # warning filters, how warnings are shown or recorded, signal handlers, resource limits,
-# the working folder, the standard streams, a tracer, the locale, faulthandler). It prints
-# the objects mapped since (ctypes.CDLL, an extension module's libraries) for `probe_says`.
+# the working folder, the standard streams, a tracer, the locale, faulthandler), and nothing
+# opened with ctypes. It prints the objects mapped since (the stdlib's extension modules and
+# their libraries) for `probe_says`.
 # Then it ends the process: the answer depends on nothing after that moment, and importing
 # torch itself costs a second or two. Only the step's own process answers (torch imported
 # in a child it forks is not torch imported first). A step that only looks torch up
@@ -65,6 +66,11 @@ _STDLIB = _os.path.realpath(_sysconfig.get_config_var('DESTSHARED')) + '/'
 _LIMITS = [getattr(_resource, n) for n in dir(_resource) if n.startswith('RLIMIT_')]
 _PID = _os.getpid()  # the step's own process: a child it forks answers nothing
 _ENVIRON = _ctypes.POINTER(_ctypes.c_char_p).in_dll(_ctypes.CDLL(None), 'environ')
+_OPENED = []  # what the step opened with ctypes (CDLL and its kin call ctypes._dlopen)
+def _recorded_dlopen(*args, _dlopen=_ctypes._dlopen):
+    _OPENED.append(args)
+    return _dlopen(*args)
+_ctypes._dlopen = _recorded_dlopen
 def _c_environment():  # (os.putenv changes it, not os.environ)
     found = []
     while _ENVIRON[len(found)] is not None:
@@ -86,7 +92,7 @@ def _state():
             [_resource.getrlimit(n) for n in _LIMITS], here,
             (_sys.stdin, _sys.stdout, _sys.stderr), _sys.gettrace(), _sys.getprofile(),
             _locale.setlocale(_locale.LC_ALL), _faulthandler.is_enabled(),
-            _sys.dont_write_bytecode, mapped, set(_sys.modules))
+            _sys.dont_write_bytecode, list(_OPENED), mapped, set(_sys.modules))
 def _plain(name):  # a module, not an extension module but the stdlib's own
     module = _sys.modules.get(name)
     where = getattr(module, '__file__', None) or ''
@@ -158,20 +164,24 @@ def explained(stdlib: list[str], others: list[str], read: Callable[[Path], ElfFa
     built against the system's), loaded RTLD_LOCAL as a dependency, so that it takes no part
     in torch's lookups; and none of them named as a library torch brings (`bundled`: the
     first loaded would answer for both, so torch's copy and the system's would trade places).
-    Anything else (a library the step opened with ctypes, a data file) is a change."""
+    Anything else (a data file) is a change. (A library the step opened itself, with ctypes,
+    never comes here: the probe answers no.)"""
     try:
         needed = {name for path in stdlib for name in read(Path(path)).needed}
         left = {Path(path): read(Path(path)) for path in others}
     except BadElf:
         return False
+    names = set(needed)
     while left:
         found = [path for path, facts in left.items()
                  if facts.soname in needed or path.name in needed]
         if not found:
             return False
         for path in found:
-            needed.update(left.pop(path).needed)
-    return needed.isdisjoint(bundled)
+            facts = left.pop(path)
+            needed.update(facts.needed)
+            names.update(filter(None, (facts.soname, path.name, *facts.needed)))
+    return names.isdisjoint(bundled)
 
 
 @dataclass
