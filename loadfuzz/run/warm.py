@@ -66,11 +66,11 @@ _STDLIB = _os.path.realpath(_sysconfig.get_config_var('DESTSHARED')) + '/'
 _LIMITS = [getattr(_resource, n) for n in dir(_resource) if n.startswith('RLIMIT_')]
 _PID = _os.getpid()  # the step's own process: a child it forks answers nothing
 _ENVIRON = _ctypes.POINTER(_ctypes.c_char_p).in_dll(_ctypes.CDLL(None), 'environ')
-_OPENED = []  # what the step opened with ctypes (CDLL and its kin call ctypes._dlopen)
+_OPENED = []  # what the step opened with ctypes (CDLL and its kin, or _ctypes.dlopen)
 def _recorded_dlopen(*args, _dlopen=_ctypes._dlopen):
     _OPENED.append(args)
     return _dlopen(*args)
-_ctypes._dlopen = _recorded_dlopen
+_ctypes._dlopen = _sys.modules['_ctypes'].dlopen = _recorded_dlopen
 def _c_environment():  # (os.putenv changes it, not os.environ)
     found = []
     while _ENVIRON[len(found)] is not None:
