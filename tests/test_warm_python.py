@@ -108,12 +108,15 @@ def test_a_warm_interpreter_sees_the_trial_s_own_home_and_tmpdir_as_a_cold_one_d
     ("import ctypes, os\nctypes.CDLL(os.path.join(os.path.dirname(__file__), 'libown.so'))\n"
      "import torch\n", False),
     ("import ctypes\nctypes.CDLL('libz.so.1', ctypes.RTLD_GLOBAL)\nimport zlib\nimport torch\n", False),
-    ("import _ctypes\n_ctypes.dlopen('libz.so.1', 256)\nimport zlib\nimport torch\n", False)],
+    ("import _ctypes\n_ctypes.dlopen('libz.so.1', 256)\nimport zlib\nimport torch\n", False),
+    ("import typing, dataclasses, multiprocessing, subprocess\nimport torch\n", True),
+    ("import sys\nsys.modules['numpy'] = None\nimport torch\n", False)],
     ids=["imports-torch-first", "catches-what-stops-it", "in-a-thread", "sets-a-variable-first",
          "sets-a-c-variable-first", "sets-the-recursion-limit-first", "sets-a-warning-filter-first",
          "only-looks-torch-up", "records-torch-s-warnings", "forks-a-child-that-imports-torch",
          "imports-stdlib-extensions-first", "opens-a-library-of-its-own-first",
-         "opens-a-stdlib-extension-s-library-rtld-global-first", "the-same-through-_ctypes"])
+         "opens-a-stdlib-extension-s-library-rtld-global-first", "the-same-through-_ctypes",
+         "imports-what-most-packages-do-first", "hides-a-module-from-torch-first"])
 def test_a_probe_answers_as_torch_s_own_code_would_start_and_never_runs_it(tmp_path, init, first):
     # the module that asks for torch is half-imported then, and gone from sys.modules after:
     # the answer is taken at that moment, and the process ends there

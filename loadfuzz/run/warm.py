@@ -93,14 +93,21 @@ def _state():
             (_sys.stdin, _sys.stdout, _sys.stderr), _sys.gettrace(), _sys.getprofile(),
             _locale.setlocale(_locale.LC_ALL), _faulthandler.is_enabled(),
             _sys.dont_write_bytecode, list(_OPENED), mapped, set(_sys.modules))
-def _plain(name):  # a module, not an extension module but the stdlib's own
-    module = _sys.modules.get(name)
-    where = getattr(module, '__file__', None) or ''
-    return module is not None and (_os.path.realpath(where).startswith(_STDLIB)
-                                   or not where.endswith(tuple(_machinery.EXTENSION_SUFFIXES)))
+# a module that is no extension module but the stdlib's own (a name looked up and never
+# imported, org.python.core, loaded nothing that stays: the objects mapped say what did)
+def _plain(name):
+    where = getattr(_sys.modules.get(name), '__file__', None) or ''
+    return (_os.path.realpath(where).startswith(_STDLIB)
+            or not where.endswith(tuple(_machinery.EXTENSION_SUFFIXES)))
+# a new entry of sys.modules that the step's imports account for: a name looked up, one the
+# package it is in made (typing.io), or another name of a module there before (__mp_main__)
+def _imported(name, before):
+    module = _sys.modules[name]
+    return (name in _Seen.names or name.rpartition('.')[0] in _Seen.names
+            or any(module is _sys.modules.get(old) for old in before))
 def _unchanged(before, after):  # (objects mapped since: see `probe_says`)
     *same, _, modules = after
-    return same == list(before[:-2]) and modules - before[-1] <= set(_Seen.names)
+    return same == list(before[:-2]) and all(_imported(n, before[-1]) for n in modules - before[-1])
 def _answer(first, mapped=()):
     if _os.getpid() == _PID:
         new = sorted(set(mapped) - _before[-2])
