@@ -36,7 +36,8 @@ from pathlib import Path
 
 from loadfuzz import hostenv
 from loadfuzz.elf.cache import ElfCache
-from loadfuzz.elf.read import BadElf, ElfFacts, ElfReader
+from loadfuzz.elf.loader import SearchPath, link_all
+from loadfuzz.elf.read import BadElf, ElfReader
 from loadfuzz.run.harness import HarnessStep, Preload
 
 START = ""  # the source of a preload that only starts the interpreter
@@ -121,7 +122,7 @@ class _Runs:
         return self.loader.create_module(spec)
     def exec_module(self, module):
         now = _state()
-        _answer(_os.getpid() == _PID and all(_plain(n) for n in _Seen.names if n != 'torch')
+        _answer(all(_plain(n) for n in _Seen.names if n != 'torch')
                 and _unchanged(_before, now), now[-2])
         _os._exit(0)
 class _Seen:
@@ -147,10 +148,10 @@ _answer(False)
 """
 
 
-def probe_says(output: bytes, read: Callable[[Path], ElfFacts] | None = None) -> bool:
+def probe_says(output: bytes, reader: ElfReader | None = None) -> bool:
     """What a probe's output says: True when the step imports torch first, every object it
     mapped before torch being one of the stdlib's extension modules or a library they need
-    (`explained`; `read`: ELF facts, by default through the ELF cache)."""
+    (`explained`; `reader`: by default one through the ELF cache)."""
     lines = [line for line in output.splitlines() if line.startswith(MARK)]
     if not lines or not lines[-1][len(MARK):].startswith(b"1 "):
         return False
@@ -160,35 +161,29 @@ def probe_says(output: bytes, read: Callable[[Path], ElfFacts] | None = None) ->
         return False
     lib = hostenv.torch_lib_dir()
     bundled = frozenset(path.name for path in lib.iterdir()) if lib is not None else frozenset()
-    return explained(stdlib, others, read or ElfReader(ElfCache.default()).facts, bundled)
+    return explained(stdlib, others, reader or ElfReader(ElfCache.default()), bundled)
 
 
-def explained(stdlib: list[str], others: list[str], read: Callable[[Path], ElfFacts],
+def explained(stdlib: list[str], others: list[str], reader: ElfReader,
               bundled: frozenset[str]) -> bool:
     """Whether the objects a step mapped before torch leave torch's import as it is in a
-    server: each of `others` a library that the stdlib's extension modules `stdlib` need,
-    directly or through one another (OpenSSL's libssl.so.3 under `_ssl`, where Python was
-    built against the system's), loaded RTLD_LOCAL as a dependency, so that it takes no part
-    in torch's lookups; and none of them named as a library torch brings (`bundled`: the
-    first loaded would answer for both, so torch's copy and the system's would trade places).
-    Anything else (a data file) is a change. (A library the step opened itself, with ctypes,
-    never comes here: the probe answers no.)"""
+    server: each of `others` one that the loader finds for the stdlib's extension modules
+    `stdlib` (their search lists, as a trial's loader resolves them: OpenSSL's libssl.so.3
+    under `_ssl`, where Python was built against the system's), loaded RTLD_LOCAL as their
+    dependency, so that it takes no part in torch's lookups; and none of them named as, or
+    needing, a library torch brings (`bundled`: the first loaded would answer for both, so
+    torch's copy and the system's would trade places). Anything else (a data file) is a
+    change. (A library the step opened itself, with ctypes, never comes here: the probe
+    answers no.)"""
     try:
-        needed = {name for path in stdlib for name in read(Path(path)).needed}
-        left = {Path(path): read(Path(path)) for path in others}
+        roots = [reader.facts(Path(path)) for path in stdlib]
+        link_map = link_all(roots, reader, SearchPath.for_trials())
+        found = {obj.identity: obj for root in roots for obj in link_map.search_list(root)[0]}
+        mapped = [reader.facts(Path(path)) for path in others]
     except BadElf:
         return False
-    names = set(needed)
-    while left:
-        found = [path for path, facts in left.items()
-                 if facts.soname in needed or path.name in needed]
-        if not found:
-            return False
-        for path in found:
-            facts = left.pop(path)
-            needed.update(facts.needed)
-            names.update(filter(None, (facts.soname, path.name, *facts.needed)))
-    return names.isdisjoint(bundled)
+    names = {name for obj in found.values() for name in (obj.soname, obj.path.name, *obj.needed)}
+    return all(obj.identity in found for obj in mapped) and names.isdisjoint(bundled)
 
 
 @dataclass
