@@ -54,7 +54,6 @@ from loadfuzz.run.standins import (
     StandIns,
     State,
     a_copy,
-    first_definer,
     first_definers,
     meant,
     resolved_after,
@@ -201,9 +200,9 @@ class Rebinding:
             if others - {server} and server not in self.model.first:
                 names[name] = server  # (the C library's answer comes first in every scope)
         # a weak reference the server left null: any definition, a copy too, would answer it
-        for name in obj.weak - names.keys() - RESERVED:
-            if first_definer(scope, name, facts) is None and any(
-                    name in facts[other].defines for other, _ in everything if other != obj.identity):
+        weak = obj.weak - names.keys() - RESERVED
+        for name in weak - first_definers(scope, weak, facts).keys():
+            if any(name in facts[other].defines for other, _ in everything if other != obj.identity):
                 names[name] = None
         return names
 

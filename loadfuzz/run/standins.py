@@ -319,15 +319,11 @@ def shared(names: frozenset[str], objects: list[ElfFacts]) -> set[str]:
             if name not in RESERVED}
 
 
-def first_definer(scope: Iterable[Key], name: str, facts: dict[Key, ElfFacts]) -> Key | None:
-    """The object of a lookup scope that a reference to the name binds to (the first that
-    defines it, as ld.so looks), or None: a weak reference stays null, a strong one fails."""
-    return next((key for key in scope if name in facts[key].defines), None)
-
-
 def first_definers(scope: Iterable[Key], names: Iterable[str],
                    facts: dict[Key, ElfFacts]) -> dict[str, Key]:
-    """`first_definer` of each of the names that has one: the scope walked once, not once a name."""
+    """For each of the names, the object of a lookup scope that a reference to it binds to
+    (the first that defines it, as ld.so looks); a name none defines is left out (a weak
+    reference stays null, a strong one fails). The scope is walked once, not once a name."""
     left, found = set(names), {}
     for key in scope:
         if not left:
