@@ -33,7 +33,16 @@ class Signature:
 
     def search(self, text: str) -> tuple[str, str] | None:
         """(the operator, the whole line it was found on), or None."""
-        found = self.pattern.search(text)
+        return self._search(self.pattern, text)
+
+    def search_any_case(self, text: str) -> tuple[str, str] | None:
+        """`search`, ignoring case (a line a log lowered or raised, for `repro`)."""
+        return self._search(re.compile(self.pattern.pattern, self.pattern.flags | re.IGNORECASE),
+                            text)
+
+    @staticmethod
+    def _search(pattern: re.Pattern[str], text: str) -> tuple[str, str] | None:
+        found = pattern.search(text)
         if found is None:
             return None
         start = text.rfind("\n", 0, found.start()) + 1

@@ -193,6 +193,18 @@ def match_expectations(
     return expected, unexpected, stale
 
 
+def names_nothing(entry: Mapping[str, Any], ids: Iterable[str]) -> str:
+    """For a stale entry (as `Expectation.to_json` gives it) whose `first` or `second` glob fits
+    no library id of the campaign (`ids`): a note that says so (a typo, or a library the
+    campaign left out, where a stale entry otherwise means the collision went away); else ""."""
+    ids = list(ids)
+    empty = [key for key in ("first", "second")
+             if not any(fnmatchcase(lib, entry.get(key, "")) for lib in ids)]
+    if not empty:
+        return ""
+    return f"its {' and '.join(f'`{key}`' for key in empty)} names no library of this campaign"
+
+
 def sort_findings(findings: Iterable[TrialRecord], expectations: Iterable[Expectation],
                   ) -> tuple[list[tuple[TrialRecord, Expectation]], list[TrialRecord],
                              list[Expectation], list[TrialRecord]]:

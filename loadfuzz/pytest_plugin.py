@@ -165,7 +165,7 @@ class PairPlugin:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.records:
             return
-        from loadfuzz.expect import sort_findings
+        from loadfuzz.expect import names_nothing, sort_findings
 
         expected, unexpected, stale, environment = sort_findings(self.records,
                                                                  self.check.expectations)
@@ -175,9 +175,12 @@ class PairPlugin:
                               f"{len(expected)} expected, {len(unexpected)} unexpected"
                               + (f"; {len(environment)} problems of the environment (skipped)"
                                  if environment else ""))
+        ids = [lib.id for lib in self.check.libraries]
         for entry in stale:
+            note = names_nothing(entry.to_json(), ids)
             terminalreporter.line(f"expectation that matched nothing run here: {entry.source} "
-                                  f"({entry.first} x {entry.second}, {entry.outcome.value})")
+                                  f"({entry.first} x {entry.second}, {entry.outcome.value})"
+                                  + (f"; {note}" if note else ""))
 
     def pytest_unconfigure(self) -> None:
         self.check.close()

@@ -193,7 +193,37 @@ def test_the_text_output_shows_a_stale_entry_of_one_order_as_an_arrow(capsys) ->
     stale = [{"first": "lib/a.so", "second": "lib/b.so", "orders": "as-written", "source": "e:3"},
              {"first": "lib/c.so", "second": "lib/d.so", "orders": "both", "source": "e:9"}]
     print_summary({"command": "matrix", "target": "t", "trials": 4, "findings": [],
-                   "unexpected": [], "stale": stale, "out": "/r"})
+                   "unexpected": [], "stale": stale, "out": "/r",
+                   "libraries": ["lib/a.so", "lib/b.so", "lib/c.so", "lib/d.so"]})
     lines = capsys.readouterr().out.splitlines()
     assert "  stale expectation: lib/a.so -> lib/b.so (e:3)" in lines
     assert "  stale expectation: lib/c.so x lib/d.so (e:9)" in lines
+
+
+def test_a_stale_entry_that_names_no_library_of_the_campaign_says_so_everywhere(tmp_path) -> None:
+    """A typo in a library id looked like a collision that went away: stale, and nothing more."""
+    import shutil
+
+    from support import hostile, loadfuzz
+
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    for name in ("clean", "clean_too"):
+        shutil.copy(hostile("clean"), libs / f"libfx_{name}.so")
+    expect = tmp_path / "expect.toml"
+    expect.write_text(
+        '[[expected]]\nfirst = "libfx_clean.so"\nsecond = "libfx_claen_too.so"\n'
+        'outcome = "abort"\nwhy = "a typo"\n\n'
+        '[[expected]]\nfirst = "libfx_clean.so"\nsecond = "libfx_clean_too.so"\n'
+        'outcome = "abort"\nwhy = "fixed since"\n')
+    done = loadfuzz("matrix", libs, "--expect", expect, "--out", tmp_path / "out")
+    assert done.returncode == 0, done.stdout + done.stderr
+    note = "its `second` names no library of this campaign"
+    lines = [line for line in done.stdout.splitlines() if line.startswith("  stale expectation:")]
+    assert len(lines) == 2 and note in lines[0] and "names no library" not in lines[1]
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "a typo (`expect.toml:entry 1`) — **its \\`second\\` names no library of this " \
+           "campaign**" in report and report.count("names no library") == 1
+    html = (tmp_path / "out" / "matrix.html").read_text()
+    assert f"a typo (expect.toml:entry 1) — <strong>{note}</strong>" in html
+    assert html.count("names no library") == 1

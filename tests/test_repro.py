@@ -6,6 +6,7 @@ import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -515,3 +516,80 @@ def test_a_log_file_given_as_the_message_is_bad_input_that_says_to_use_log(tmp_p
     done = loadfuzz("repro", log, "executorch", "--out", tmp_path / "out")
     assert done.returncode == 2 and f"give --log {log}" in done.stderr, done.stderr
     assert not (tmp_path / "out").exists()
+
+
+# --- lines a log or a person changed on the way -------------------------------------------
+
+
+def test_a_lowered_line_is_read_as_the_signature_it_lowers_and_its_operator_as_registered(tmp_path):
+    """A log that lowered the line once made it an unknown line: 2000 orders, then "not
+    reproduced" (the operator's own case lost, no library's bytes held it)."""
+    line = "re-registering quantized_decomposed::dequantize_per_tensor.tensor_out"
+    message = read_message(f"E 00:00:01.6 executorch:operator_registry.cpp:102] {line}")
+    assert (message.signature, message.any_case) == ("executorch-reregister", True)
+    done = loadfuzz("repro", line, "executorch", "--add", LEGACY_PLUGIN, "--out",
+                    tmp_path / "out", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout)
+    assert result["op"] == "quantized_decomposed::dequantize_per_tensor.Tensor_out"
+    assert "extra/libquantized_ops_legacy_plugin.so" in result["candidates"]
+    assert result["record"]["signature"] == "executorch-reregister" and result["tried"] < 50
+
+
+def test_an_unknown_line_is_found_in_what_the_trial_printed_whatever_its_case(tmp_path):
+    aborting_after(tmp_path / "libs", "Fatal: Widget Table Corrupt\\n")
+    done = loadfuzz("repro", "FATAL: widget table corrupt", tmp_path / "libs",
+                    "--out", tmp_path / "out", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["reproduced"] is True
+
+
+@pytest.mark.parametrize("command", [
+    "/home/me/.venv/bin/loadfuzz run --cold --timeout 10 global:/x/liba.so local:/x/libb.so",
+    "exec /home/me/.venv/bin/loadfuzz run --cold --timeout 10 global:/x/liba.so",
+    "'/home/me/my env/bin/loadfuzz' run --cold --timeout 10 global:/x/liba.so",
+    "/usr/bin/python3.11 -m loadfuzz run --cold --timeout 10 python:/x/liba.so",
+])
+def test_a_pasted_repro_command_is_bad_input_that_says_to_run_it(command, tmp_path):
+    """A record's repro command, pasted as the message, once ran 2000 orders looking for its
+    text in what trials printed, then said "not reproduced"."""
+    aborting_after(tmp_path / "libs", "fatal: widget table corrupt\\n")
+    done = loadfuzz("repro", command, tmp_path / "libs", "--out", tmp_path / "out")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stdout == "" and len(done.stderr.splitlines()) == 1
+    assert "run that command itself" in done.stderr
+    assert not (tmp_path / "out").exists()
+    assert read_message(f"loading\n{command}\nfatal: widget table corrupt\n").needle == (
+        "fatal: widget table corrupt")  # in a log, among other lines: the abort line counts
+
+
+@pytest.mark.parametrize("how", ["file", "stdin"])
+def test_a_binary_file_given_as_the_log_is_bad_input(how, tmp_path):
+    """An executable given as --log was read as a message: its bytes printed to the terminal,
+    2000 orders tried, then "not reproduced"."""
+    aborting_after(tmp_path / "libs", "fatal: widget table corrupt\\n")
+    binary = Path("/bin/ls").read_bytes()[:3000]
+    if how == "file":
+        (tmp_path / "ls.log").write_bytes(binary)
+        done = loadfuzz("repro", "--log", tmp_path / "ls.log", tmp_path / "libs",
+                        "--out", tmp_path / "out")
+    else:
+        done = subprocess.run([str(LOADFUZZ), "repro", "--log", "-", str(tmp_path / "libs"),
+                               "--out", str(tmp_path / "out")], input=binary,
+                              capture_output=True, timeout=600)
+        done.stdout, done.stderr = done.stdout.decode(), done.stderr.decode()
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stdout == "" and len(done.stderr.splitlines()) == 1
+    assert "no text log (it holds NUL bytes)" in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_line_cut_short_finds_its_collision_but_no_operator_it_does_not_name(tmp_path):
+    """`add.ou` is in the bytes of `add.out`: the collision is found, but the output once said
+    the copies "also both carry" an operator that does not exist."""
+    done = loadfuzz("repro", "Re-registering quantized_decomposed::add.ou", "executorch",
+                    "--add", LEGACY_PLUGIN, "--out", tmp_path / "out")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "the registry stopped at quantized_decomposed::add.out, the first duplicate it met\n" \
+        in done.stdout
+    assert "also both carry" not in done.stdout

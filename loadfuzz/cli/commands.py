@@ -244,14 +244,22 @@ def message_of(args: argparse.Namespace) -> tuple[str, list[str]]:
             targets.locate(args.words[0])
         except UsageError:
             raise UsageError("give either a MESSAGE or --log FILE (not both)") from None
-    # utf-8-sig: a byte order mark (as some editors save a log) would hide the first line's
-    # time stamp from `repro.unprefixed`
     if str(args.log) == "-":
-        return sys.stdin.buffer.read().decode("utf-8-sig", "replace"), args.words
+        return log_text(sys.stdin.buffer.read(), "the log on stdin"), args.words
     try:
-        return args.log.read_text(encoding="utf-8-sig", errors="replace"), args.words
+        return log_text(args.log.read_bytes(), f"--log {args.log}"), args.words
     except OSError as exc:
         raise UsageError(f"--log {args.log}: {exc.strerror or exc}") from None
+
+
+def log_text(data: bytes, what: str) -> str:
+    """A log's text; UsageError for a binary file (a NUL byte: an executable, a core file), whose
+    bytes would be printed and looked for as a message. utf-8-sig: a byte order mark (as some
+    editors save a log) would hide the first line's time stamp from `repro.unprefixed`."""
+    if b"\0" in data:
+        raise UsageError(f"{what} is no text log (it holds NUL bytes): give the log the crash "
+                         "was written to")
+    return data.decode("utf-8-sig", "replace")
 
 
 def cmd_repro(args: argparse.Namespace) -> int:

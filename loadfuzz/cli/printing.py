@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from loadfuzz.expect import names_nothing
 from loadfuzz.model import TrialRecord, step_label
 from loadfuzz.report.view import visible
 from loadfuzz.spelling import GLYPHS, explanation, spell_sequence
@@ -164,8 +165,9 @@ def print_summary(summary: dict) -> None:
               f"local {entry['local']}; both define {', '.join(entry['shared_symbols']) or '-'}")
     for entry in summary["stale"]:  # `->`: an entry for that order only (orders = as-written)
         between = "->" if entry.get("orders") == "as-written" else "x"
+        note = names_nothing(entry, summary.get("libraries", []))
         say(f"  stale expectation: {entry['first']} {between} {entry['second']} "
-              f"({entry['source']})")
+              f"({entry['source']}{'; ' + note if note else ''})")
     if shard and summary["stale"]:
         say("  (stale in this shard's slice only: `loadfuzz merge` decides over the whole "
               "campaign)")
@@ -195,8 +197,12 @@ def print_repro(result: dict, inv: Inventory) -> None:
     say(f"reproduced after {result['tried']} orders; minimal sequence: {seq}")
     say(f"  {record['outcome']} at step {record['step']}: {record['detail']}")
     if result["op"] and record["op"] and record["op"] != result["op"]:
+        # (only where a library registers the message's operator: a line cut short,
+        # `add.ou`, still finds its collision, but no copy carries `add.ou`)
+        carried = any(result["op"] in lib.registers for lib in inv.libraries
+                      if lib.id in result["candidates"])
         say(f"  the same collision: the registry stopped at {record['op']}, the first duplicate "
-              f"it met; the copies also both carry {result['op']}")
+              f"it met" + (f"; the copies also both carry {result['op']}" if carried else ""))
     say(f"repro: {record['repro']}")
     say(f"script: {Path(result['out']) / 'repro.sh'}")
 

@@ -19,6 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from loadfuzz.expect import names_nothing
 from loadfuzz.model import step_label
 from loadfuzz.report.output import write_file
 from loadfuzz.report.view import (
@@ -229,11 +230,14 @@ def _html_stale(campaign: CampaignView) -> str:
     stale = campaign.summary.get("stale", [])
     if not stale:
         return ""
+    libraries = campaign.summary.get("libraries", [])
     items = "".join(
         f"<li><code>{_e(visible(e.get('first', '?')))}</code> x "
         f"<code>{_e(visible(e.get('second', '?')))}</code>: {_e(e.get('outcome', ''))}"
         f"{' op ' + _e(e['op']) if e.get('op') else ''} — {_e(e.get('why', ''))}"
-        f"{' (' + _e(e['source']) + ')' if e.get('source') else ''}</li>"
+        f"{' (' + _e(e['source']) + ')' if e.get('source') else ''}"
+        f"{' — <strong>' + _e(note) + '</strong>' if (note := names_nothing(e, libraries)) else ''}"
+        f"</li>"
         for e in stale
     )
     return (f"<h2>Stale expectations ({len(stale)})</h2><p>{_e(campaign.stale_intro())}</p>"

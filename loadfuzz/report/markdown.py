@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from loadfuzz.expect import names_nothing
 from loadfuzz.model import step_label
 from loadfuzz.report.output import write_file
 from loadfuzz.report.view import (
@@ -111,13 +112,15 @@ def _md_cause(record: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _md_stale(entry: Mapping[str, Any]) -> str:
+def _md_stale(entry: Mapping[str, Any], libraries: list[str]) -> str:
     flags = ", ".join(entry.get("flags") or []) or "any flags"
     what = f"{entry.get('outcome')}" + (f", op {_md_code(entry['op'])}" if entry.get("op") else "")
     pair = f"{_md_code(entry.get('first', '?'))} x {_md_code(entry.get('second', '?'))}"
     line = f"- {pair} ({entry.get('orders', 'both')} orders, {flags}): {what}"
     line += f" — {_md_text(entry.get('why', ''))}"
-    return line + (f" ({_md_code(entry['source'])})" if entry.get("source") else "")
+    line += f" ({_md_code(entry['source'])})" if entry.get("source") else ""
+    note = names_nothing(entry, libraries)
+    return line + (f" — **{_md_text(note)}**" if note else "")
 
 
 def _md_prediction(prediction: dict | None) -> str | None:
@@ -235,7 +238,7 @@ def render_markdown(campaign: CampaignView) -> str:
     lines += [f"## Stale expectations ({len(stale)})", ""]
     if stale:
         lines += [campaign.stale_intro(), ""]
-        lines += [_md_stale(entry) for entry in stale]
+        lines += [_md_stale(entry, summary.get("libraries", [])) for entry in stale]
     else:
         lines.append("None.")
     lines.append("")

@@ -1,8 +1,12 @@
 """Repro: from one line of a crash log to the smallest load order that reproduces it.
 
 1. **Read the message** with the signature catalogue (the same table the
-   classifier uses): which signature, which operator. An unknown abort line
-   is kept as text to look for in what the trials print.
+   classifier uses): which signature, which operator; in any case, when the
+   line's own case matches none (a log that lowered it), the operator then
+   spelled as a library of the target registers it. An unknown abort line is
+   kept as text to look for, in any case, in what the trials print. A
+   loadfuzz command (a record's `repro`) is no log line: it is refused, with
+   what to do instead.
 2. **Find the candidates**: the libraries that carry the operator (in their
    registrations, or as bytes in the file), and those whose closure holds one.
 3. **Try orders** of the candidates, the ones `scan` predicts to collide
@@ -23,9 +27,10 @@ from __future__ import annotations
 import contextlib
 import itertools
 import re
+import shlex
 import signal
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -94,6 +99,7 @@ class Message:
     op: str | None
     signal: int | None = None  # a crash line without a message: the signal that killed it
     op_is_file: bool = False  # `op` is a library's path (see `Signature.op_is_file`)
+    any_case: bool = False  # the signature matched only ignoring case: so is `op` compared
 
     def matches(self, record: TrialRecord) -> bool:
         if record.clean:
@@ -105,15 +111,28 @@ class Message:
         # Anywhere in what the trial printed, not only its one-line detail: an abort's own line
         # is seldom the last (gcc's `terminate called ...` comes before its `what(): ...`), and
         # an `exit` detail quotes none. Lines run together: two lines pasted as one are found.
-        needle = plain(self.needle)
-        return needle in plain(record.detail) or needle in plain(record.printed)
+        needle = plain(self.needle).casefold()
+        return needle in plain(record.detail).casefold() or needle in plain(record.printed).casefold()
 
     def same_op(self, op: str | None) -> bool:
         """Whether a trial's `op` is the message's: a library path by its file name (the
         log may come from another machine, where the library lay elsewhere)."""
         if self.op_is_file and op is not None and self.op is not None:
             return PurePosixPath(op).name == PurePosixPath(self.op).name
+        if self.any_case and op is not None and self.op is not None:
+            return op.casefold() == self.op.casefold()
         return op == self.op
+
+    def spelled(self, inv: Inventory) -> Message:
+        """The message with its operator as a library of `inv` registers it, when it was read
+        ignoring case (`any_case`) and one does: a log that lowered `add.Tensor` still finds
+        its carriers, whose bytes hold it as it is spelled."""
+        if not self.any_case or self.op is None or self.op_is_file:
+            return self
+        wanted = self.op.casefold()
+        spelled = next((op for lib in inv.libraries for op in lib.registers
+                        if op.casefold() == wanted), None)
+        return self if spelled is None else replace(self, op=spelled)
 
     @property
     def needle(self) -> str:
@@ -145,14 +164,19 @@ def read_message(text: str) -> Message:
     read = [unprefixed(line) for line in COLOUR.sub("", text).splitlines()]
     text = "\n".join(line for line, _ in read)
     serious = {line.strip() for line, error in read if error}
-    for sig in load_catalogue():
-        found = sig.search(text)
+    catalogue = load_catalogue()
+    for any_case, sig in itertools.product((False, True), catalogue):
+        found = (sig.search_any_case if any_case else sig.search)(text)
         if found:
             op, line = found
-            return Message(line, sig.name, op, op_is_file=sig.op_is_file)
+            return Message(line, sig.name, op, op_is_file=sig.op_is_file, any_case=any_case)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if not lines:
         raise UsageError("the message is empty: give the abort line, or --log FILE")
+    if len(lines) == 1 and calls_loadfuzz_run(lines[0]):
+        raise UsageError("the message is a loadfuzz command (a record's repro), not a line a "
+                         "crash printed: run that command itself to rerun its trial, or give "
+                         "the line its trial printed")
     # A line with no word (`-`, `...`) is found in almost any output: never a message.
     lines = [line for line in lines if WORD.search(needle_of(line))]
     if not lines:
@@ -168,6 +192,20 @@ def read_message(text: str) -> Message:
     if aborted and len(aborted) == len(telling):  # nothing but "Aborted (core dumped)"
         return Message(aborted[0], None, None, int(signal.SIGABRT))
     return Message((telling or lines)[0], None, None)
+
+
+def calls_loadfuzz_run(line: str) -> bool:
+    """Whether the line is a shell command that calls `loadfuzz run` (`.../loadfuzz run ...`,
+    `python -m loadfuzz run ...`, the `exec` line of a repro.sh): what a record's `repro`
+    says, not what a crash printed."""
+    try:
+        words = shlex.split(line)
+    except ValueError:  # an unbalanced quote: no command
+        return False
+    words = words[1:] if words[:1] == ["exec"] else words
+    if words and PurePosixPath(words[0]).name.startswith("python") and words[1:3] == ["-m", "loadfuzz"]:
+        words = words[2:]
+    return len(words) > 1 and PurePosixPath(words[0]).name == "loadfuzz" and words[1] == "run"
 
 
 def carriers(inv: Inventory, message: Message) -> list[Library]:
@@ -231,6 +269,7 @@ def reproduce(campaign: Prepared, message: Message, watcher: Watcher) -> dict[st
     """Try the candidates' orders until one ends as the message says; the `repro --json` object.
     Every trial goes to the results folder, with summary.json and, when reproduced, repro.sh."""
     inv = campaign.inv
+    message = message.spelled(inv)
     candidates = candidates_of(inv, message)
     tried = 0
     found: TrialRecord | None = None
