@@ -150,11 +150,11 @@ def test_each_fixture_does_what_it_says():
 UNSHARED = {
     "threads1000": "the prefix started a thread",
     "fork200": "the prefix started a process",
-    "fork200_exit": "step 1 of the prefix ended its process",
+    "fork200_exit": "a step of the prefix ended its process",
     "unshare": None,  # the namespaces are the process's own: a fork copies them
     "setpgid": "the prefix started a process",
     "mmap_ceiling": None,  # a fork copies the mappings and the limit
-    "block_signals": "step 1 of the prefix timed out",
+    "block_signals": "a step of the prefix timed out",
 }
 
 
