@@ -15,7 +15,7 @@ from importlib import resources
 
 # The conditions a fix may ask for (`when` in causes.toml); an Account lists those that hold.
 CONDITIONS = frozenset({"static-copy", "flags-decide", "provider-known", "provider-loaded-local",
-                        "no-provider"})
+                        "no-provider", "shipped", "not-shipped"})
 
 
 @dataclass(frozen=True)

@@ -193,7 +193,7 @@ class Explainer:
             root = self.inv.link_map.files.get(sequence[step].path)
             parent = None if root is None or obj.identity == root.identity else next(
                 (str(o.path) for o, _ in process.arrived
-                 if any(self.inv.link_map.links.get((o.path, n)) == obj.path for n in o.needed)),
+                 if any(obj.path in self.inv.link_map.leads_to(o, n) for n in o.needed)),
                 str(root.path))
             loaded.append(Loaded(str(obj.path), obj.identity, step, parent))
         return loaded
@@ -421,7 +421,15 @@ class Explainer:
         needers = [o.path for o in objects if (f := self.facts(o.path)) and op in f.needed]
         needer = needers[0] if needers else self.failing_path(record, None)
         carriers = (self.carrier(record, objects, needer),) if needer else ()
-        return Account(None, carriers, fields={"needer": self.name(record, needer), "op": op})
+        fields = {"needer": self.name(record, needer), "op": op}
+        # a file of that name the campaign reached (beside a library whose DT_RPATH finds it)
+        shipped = sorted(path for path in self.inv.link_map.files if path.name == op)
+        if not shipped or needer is None:
+            return Account(None, carriers, fields=fields, conditions=frozenset({"not-shipped"}))
+        where = os.path.relpath(shipped[0].parent, Path(needer).parent)
+        fields |= {"shipped": self.name(record, str(shipped[0])),
+                   "origin": "$ORIGIN" if where == "." else f"$ORIGIN/{where}"}
+        return Account(None, carriers, fields=fields, conditions=frozenset({"shipped"}))
 
     def interposed(self, record: TrialRecord, objects: list[Loaded],
                    trace: LoaderTrace | None) -> Account | None:

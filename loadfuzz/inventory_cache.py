@@ -73,8 +73,12 @@ def to_plain(inv: Inventory) -> tuple:
                   for path, facts in inv.link_map.files.items())
     links = tuple((str(requester), name, None if found is None else str(found))
                   for (requester, name), found in inv.link_map.links.items())
+    through = tuple((str(requester), name, tuple(map(str, chain)),
+                     None if found is None else str(found))
+                    for (requester, name, chain), found in inv.link_map.through.items())
     return (inv.target, inv.name, inv.version, str(inv.root),
-            tuple(map(library_to_plain, inv.libraries)), inv.warnings, files, links, inv.labels)
+            tuple(map(library_to_plain, inv.libraries)), inv.warnings, files, links, through,
+            inv.labels)
 
 
 def from_plain(plain: object) -> Inventory:
@@ -82,10 +86,12 @@ def from_plain(plain: object) -> Inventory:
     anything else."""
     if not isinstance(plain, tuple):
         raise TypeError("not an inventory")
-    target, name, version, root, libraries, warnings, files, links, labels = plain
+    target, name, version, root, libraries, warnings, files, links, through, labels = plain
     link_map = LinkMap(
         {Path(path): facts_from(facts, Path(path), identity) for path, identity, facts in files},
         {(Path(requester), needed): None if found is None else Path(found)
-         for requester, needed, found in links})
+         for requester, needed, found in links},
+        {(Path(requester), needed, tuple(map(Path, chain))): None if found is None else Path(found)
+         for requester, needed, chain, found in through})
     return Inventory(target, name, version, Path(root),
                      tuple(map(library_from_plain, libraries)), warnings, link_map, labels)

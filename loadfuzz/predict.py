@@ -147,12 +147,14 @@ class Process:
         SONAME, the names a later NEEDED entry finds it by, as ld.so keeps them; never its file
         name: a library opened by its path is found again only by its SONAME, or as the same
         file on disk."""
-        links, files = self.inv.link_map.links, self.inv.link_map.files
+        files, here = self.inv.link_map.files, {obj.identity for obj in order}
         names: dict[tuple[int, int], list[str]] = {}
         for parent in order:
             for name in parent.needed:
-                if (path := links.get((parent.path, name))) is not None:
-                    names.setdefault(files[path].identity, []).append(name)
+                # (the file it leads to in this process: which, can depend on who loaded parent)
+                for found in {files[path].identity for path in
+                              self.inv.link_map.leads_to(parent, name)} & here:
+                    names.setdefault(found, []).append(name)
         return names
 
     def init_order(self, new: Sequence[ElfFacts]) -> list[ElfFacts]:
@@ -164,11 +166,15 @@ class Process:
         done: list[ElfFacts] = []
         seen: set[tuple[int, int]] = set()
 
+        link_map = self.inv.link_map
+        here = {obj.identity: obj for obj in new}
+
         def visit(obj: ElfFacts) -> None:
             seen.add(obj.identity)
             for name in obj.needed:
-                path = self.inv.link_map.links.get((obj.path, name))
-                dep = self.inv.link_map.files[path] if path is not None else self.by_name.get(name)
+                found = sorted(path for path in link_map.leads_to(obj, name)
+                               if link_map.files[path].identity in here)
+                dep = here[link_map.files[found[0]].identity] if found else self.by_name.get(name)
                 if dep is not None and dep.identity in pending and dep.identity not in seen:
                     visit(dep)
             done.append(obj)

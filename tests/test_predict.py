@@ -6,6 +6,7 @@ from the ELF files alone and observed by `matrix`.
 """
 
 import json
+import subprocess
 
 import pytest
 
@@ -212,3 +213,41 @@ def test_a_library_opened_by_its_path_is_not_found_again_by_its_file_name(tmp_pa
     assert {r["outcome"] for r in summary["findings"]} == {"load-error"}, done.stderr
     assert len(summary["findings"]) == 4  # libbar.so fails in every pair, first or second
     assert summary["prediction"]["disagree"] == [], summary["prediction"]["disagree"]
+
+
+def test_a_dependency_found_through_the_rpath_of_the_library_that_loaded_it_is_predicted_found(
+        tmp_path):
+    """ld.so searches the DT_RPATH of the object that loaded the one asking, and on up (scipy's
+    `_fblas` loads `libgfortran`, whose `libquadmath` only `_fblas`'s DT_RPATH finds): scan
+    once predicted a load-error for every order that loaded `_fblas`, which loads clean."""
+
+    from support import build, loadfuzz
+
+    (tmp_path / "wheel" / "vendor").mkdir(parents=True)
+    (tmp_path / "wheel" / "top").mkdir()
+    vendor, top = tmp_path / "wheel" / "vendor", tmp_path / "wheel" / "top"
+    build(vendor, "fxquad", "int fx_quad(void) { return 1; }\n")
+    # no path of its own: alone, it cannot find libfxquad.so, which lies beside it
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(vendor / "libfxgfort.so"), "-x", "c", "-",
+                    f"-L{vendor}", "-lfxquad"], input="int fx_quad(void);\n"
+                   "int fx_gfort(void) { return fx_quad(); }\n", text=True, check=True)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(top / "libfxblas.so"), "-x", "c", "-",
+                    f"-L{vendor}", "-lfxgfort", "-Wl,--disable-new-dtags,-rpath,$ORIGIN/../vendor"],
+                   input="int fx_gfort(void);\nint fx_blas(void) { return fx_gfort(); }\n",
+                   text=True, check=True)
+    done = loadfuzz("matrix", tmp_path / "wheel", "--flags", "global,local", "--json",
+                    "--out", tmp_path / "out")
+    summary = json.loads(done.stdout)
+    records = [json.loads(line) for line in (tmp_path / "out" / "trials.jsonl").open()]
+    failed = {tuple(s["lib"] for s in r["sequence"]) for r in records if r["outcome"] != "clean"}
+    # the real runs: the vendored library fails whenever it loads first (libfxquad.so loaded
+    # by its path has no SONAME to be found by), never once libfxblas.so loaded it
+    gfort, quad = "vendor/libfxgfort.so", "vendor/libfxquad.so"
+    assert failed == {(gfort, "top/libfxblas.so"), (gfort, quad), (quad, gfort)}, done.stderr
+    assert summary["prediction"]["disagree_count"] == 0, summary["prediction"]["disagree"]
+    # and the fix a finding names: the file is shipped, beside the library that needs it (scipy's
+    # once read "Ship libquadmath inside the wheel", which it is)
+    fixes = [f["text"] for r in records if r["outcome"] != "clean" for f in r["fixes"]]
+    assert fixes and not any("Ship" in text for text in fixes)
+    assert all("vendor/libfxquad.so" in text and "RUNPATH of $ORIGIN " in text
+               for text in fixes if "RUNPATH" in text)

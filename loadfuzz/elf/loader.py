@@ -5,6 +5,15 @@ LD_LIBRARY_PATH, DT_RUNPATH, ld.so.conf, the defaults; `$ORIGIN`
 expanded); `LinkMap` holds every file a set of roots reaches and where each
 NEEDED name leads, and `search_list` walks it breadth-first as ld.so does.
 Read-only once built, so `predict` can replay any load order against it.
+
+DT_RPATH is inherited: an object without DT_RUNPATH searches its own DT_RPATH,
+then that of the object that loaded it (whose NEEDED entry brought it in), and
+so on up (glibc's `l_loader` walk; an object opened with dlopen starts the
+chain). So where a name leads can depend on who loaded the object asking:
+scipy's `libgfortran` (no path of its own) finds `libquadmath` in
+`scipy.libs` when `_fblas`, whose DT_RPATH names that folder, loads it, and
+not when it is opened alone. `LinkMap.links` holds each answer with no
+inherited folders; `LinkMap.through` the answers an inherited chain changes.
 """
 
 from __future__ import annotations
@@ -13,7 +22,7 @@ import glob
 import os
 import sysconfig
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -66,6 +75,27 @@ def system_folders(consulted: Consulted | None = None) -> tuple[Path, ...]:
     return tuple(dict.fromkeys(folders + defaults))
 
 
+Chain = tuple[Path, ...]  # DT_RPATH folders inherited from the objects that loaded one
+
+
+def rpath_folders(obj: ElfFacts) -> Chain:
+    """The object's DT_RPATH entries as folders: `$ORIGIN` its own folder; a relative entry is
+    relative to the process's working folder (a trial's is an empty folder of its own, where
+    nothing is found), so it is left out."""
+    return tuple(expand(obj.rpath, str(obj.path.parent)))
+
+
+def expand(entries: Iterable[str], origin: str) -> Iterator[Path]:
+    found = (Path(e.replace("${ORIGIN}", origin).replace("$ORIGIN", origin)) for e in entries)
+    return (folder for folder in found if folder.is_absolute())
+
+
+def passed_on(loader: ElfFacts, inherited: Chain) -> Chain:
+    """What an object `loader` loads inherits: the loader's own DT_RPATH, then what the loader
+    inherited (ld.so walks up `l_loader`, whatever the DT_RUNPATH of the objects on the way)."""
+    return tuple(dict.fromkeys((*rpath_folders(loader), *inherited)))
+
+
 @dataclass(frozen=True)
 class SearchPath:
     """The loader's search order for a trial process.
@@ -88,27 +118,22 @@ class SearchPath:
             consulted.note_import_path()
         return cls((torch_lib,) if torch_lib else (), system_folders(consulted))
 
-    def folders(self, requester: ElfFacts) -> Iterator[Path]:
-        origin = str(requester.path.parent)
-
-        def expand(entries: Iterable[str]) -> Iterator[Path]:
-            # a relative entry is relative to the process's working folder: a trial's is an
-            # empty folder of its own, where nothing is found (not loadfuzz's)
-            found = (Path(e.replace("${ORIGIN}", origin).replace("$ORIGIN", origin))
-                     for e in entries)
-            return (folder for folder in found if folder.is_absolute())
-
+    def folders(self, requester: ElfFacts, inherited: Chain = ()) -> Iterator[Path]:
+        """The folders searched for a NEEDED name of `requester`, which inherited the DT_RPATH
+        folders `inherited` from the objects that loaded it (none, when it was opened itself)."""
         if not requester.runpath:
-            yield from expand(requester.rpath)
+            yield from rpath_folders(requester)
+            yield from inherited
         yield from self.library_path
-        yield from expand(requester.runpath)
+        yield from expand(requester.runpath, str(requester.path.parent))
         yield from self.system
 
-    def find(self, requester: ElfFacts, name: str, reader: ElfReader) -> Path | None:
+    def find(self, requester: ElfFacts, name: str, reader: ElfReader,
+             inherited: Chain = ()) -> Path | None:
         if "/" in name:  # a path, not searched for: relative to the process's working
             candidate = Path(os.path.normpath(name))  # folder, a trial's empty one
             return candidate if candidate.is_absolute() and reader.matches(candidate) else None
-        for folder in self.folders(requester):
+        for folder in self.folders(requester, inherited):
             reader.note(folder)  # a library added to it later would be found first
             candidate = Path(os.path.normpath(folder / name))
             if candidate.is_file() and reader.matches(candidate):
@@ -126,15 +151,37 @@ class LinkMap:
 
     files: Mapping[Path, ElfFacts]
     links: Mapping[tuple[Path, str], Path | None]  # (requester, NEEDED name) -> file
+    # (requester, NEEDED name, inherited DT_RPATH folders) -> file, where those folders make
+    # the answer another than `links`'
+    through: Mapping[tuple[Path, str, Chain], Path | None] = field(default_factory=dict)
 
     @cached_property
     def dependencies(self) -> Mapping[Path, tuple[tuple[str, ElfFacts | None], ...]]:
-        """Per file, each NEEDED name and the file it leads to (None: nobody provides it)."""
+        """Per file, each NEEDED name and the file it leads to (None: nobody provides it), with
+        nothing inherited."""
         return {path: self.resolve(obj) for path, obj in self.files.items()}
 
-    def resolve(self, obj: ElfFacts) -> tuple[tuple[str, ElfFacts | None], ...]:
-        found = ((name, self.links.get((obj.path, name))) for name in obj.needed)
+    @cached_property
+    def inheriting(self) -> frozenset[Path]:
+        """The files some of whose NEEDED names lead elsewhere with an inherited DT_RPATH."""
+        return frozenset(path for path, _, _ in self.through)
+
+    def resolve(self, obj: ElfFacts, inherited: Chain = ()) -> tuple[tuple[str, ElfFacts | None], ...]:
+        found = ((name, self.lookup(obj, name, inherited)) for name in obj.needed)
         return tuple((name, None if path is None else self.files[path]) for name, path in found)
+
+    def lookup(self, obj: ElfFacts, name: str, inherited: Chain = ()) -> Path | None:
+        """The file a NEEDED name of `obj` leads to, when `obj` inherited those folders."""
+        default = self.links.get((obj.path, name))
+        return self.through.get((obj.path, name, inherited), default) if inherited else default
+
+    def leads_to(self, obj: ElfFacts, name: str) -> set[Path]:
+        """Every file a NEEDED name of `obj` may lead to, whoever loaded `obj` (for a walk that
+        knows which objects its process holds: the one of these it holds is the one)."""
+        found = {self.links.get((obj.path, name))}
+        found.update(path for (requester, needed, _), path in self.through.items()
+                     if requester == obj.path and needed == name)
+        return {path for path in found if path is not None}
 
     def search_list(self, root: ElfFacts, loaded: Mapping[str, ElfFacts] | None = None,
                     ) -> tuple[list[ElfFacts], list[str]]:
@@ -149,14 +196,16 @@ class LinkMap:
         order, missing = [by_identity.get(root.identity, root)], []
         by_identity[root.identity] = order[0]
         in_order = {root.identity}
+        inherited: dict[tuple[int, int], Chain] = {root.identity: ()}  # (opened: none)
         if root.soname:
             by_name.setdefault(root.soname, order[0])
         position = 0
         while position < len(order):
             obj = order[position]
             position += 1
-            needs = self.dependencies.get(obj.path)
-            for name, found in self.resolve(obj) if needs is None else needs:
+            chain = inherited.get(obj.identity, ())
+            needs = None if chain and obj.path in self.inheriting else self.dependencies.get(obj.path)
+            for name, found in self.resolve(obj, chain) if needs is None else needs:
                 dep = by_name.get(name)
                 if dep is None:
                     if found is None:
@@ -169,22 +218,37 @@ class LinkMap:
                 if dep.identity not in in_order:
                     in_order.add(dep.identity)
                     order.append(dep)
+                    inherited[dep.identity] = passed_on(obj, chain)  # obj loaded it
         return order, list(dict.fromkeys(missing))
 
 
 def link_all(roots: Iterable[ElfFacts], reader: ElfReader, search: SearchPath) -> LinkMap:
-    """Resolve every NEEDED name reachable from the roots, reading each file reached."""
+    """Resolve every NEEDED name reachable from the roots, reading each file reached: with
+    nothing inherited, and with each chain of DT_RPATH folders an object can inherit from the
+    objects that load it (see the module's docstring)."""
     files = {root.path: root for root in roots}
     links: dict[tuple[Path, str], Path | None] = {}
-    pending = list(files.values())
+    through: dict[tuple[Path, str, Chain], Path | None] = {}
+    pending: list[tuple[ElfFacts, Chain]] = [(root, ()) for root in files.values()]
+    walked = {(root.path, ()) for root in files.values()}
     while pending:
-        obj = pending.pop()
+        obj, chain = pending.pop()
         for name in obj.needed:
-            if (obj.path, name) in links:
+            if (obj.path, name) not in links:
+                links[(obj.path, name)] = search.find(obj, name, reader)
+            path = links[(obj.path, name)]
+            if chain and not obj.runpath and "/" not in name:
+                key = (obj.path, name, chain)
+                if key not in through:
+                    through[key] = search.find(obj, name, reader, chain)
+                path = through[key]
+            if path is None:
                 continue
-            path = search.find(obj, name, reader)
-            links[(obj.path, name)] = path
-            if path is not None and path not in files:
+            if path not in files:
                 files[path] = reader.facts(path)
-                pending.append(files[path])
-    return LinkMap(files, links)
+            handed = passed_on(obj, chain)
+            if (path, handed) not in walked:
+                walked.add((path, handed))
+                pending.append((files[path], handed))
+    through = {key: path for key, path in through.items() if path != links[key[:2]]}
+    return LinkMap(files, links, through)

@@ -168,12 +168,14 @@ class StandIns:
         return found
 
     def deps(self, obj: ElfFacts) -> list[ElfFacts]:
-        """The objects the object's NEEDED entries name, once each, in their order."""
+        """The objects the object's NEEDED entries may name, once each, in their order (more
+        than one for a name where it depends on who loaded `obj`: a caller keeps those its
+        process holds)."""
         found = self._deps.get(obj.identity)
         if found is None:
-            paths = [self.map.links.get((obj.path, name)) for name in obj.needed]
+            paths = [p for name in obj.needed for p in sorted(self.map.leads_to(obj, name))]
             found = self._deps[obj.identity] = list(
-                {self.by_path[p].identity: self.by_path[p] for p in paths if p}.values())
+                {self.by_path[p].identity: self.by_path[p] for p in paths}.values())
         return found
 
     def open(self, state: State, root: ElfFacts, is_global: bool) -> Load:
