@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 
+from loadfuzz.model import BoundSymbol, Carrier
+
 # The conditions a fix may ask for (`when` in causes.toml); an Account lists those that hold.
 CONDITIONS = frozenset({"static-copy", "flags-decide", "provider-known", "provider-loaded-local",
                         "no-provider", "shipped", "not-shipped"})
@@ -53,6 +55,17 @@ def load_causes(text: str | None = None) -> tuple[CauseRule, ...]:
                                frozenset(entry.get("outcomes", ())), entry["text"], fixes,
                                entry.get("registries", {})))
     return tuple(rules)
+
+
+@dataclass(frozen=True)
+class Account:
+    """What one finding's evidence says (`explain`), before the catalogue's words are put on it."""
+
+    kind: str | None  # None: the catalogue decides from the signature or outcome
+    carriers: tuple[Carrier, ...]  # the copies, the one that came first first
+    symbols: tuple[BoundSymbol, ...] = ()
+    fields: Mapping[str, str] = field(default_factory=dict)  # for the templates
+    conditions: frozenset[str] = frozenset()  # those of CONDITIONS that hold
 
 
 class Fields(dict):

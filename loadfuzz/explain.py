@@ -19,12 +19,13 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from loadfuzz import predict, registries
-from loadfuzz.causes import CauseRule, Fields, load_causes
+from loadfuzz.causes import Account, CauseRule, Fields, load_causes
 from loadfuzz.elf.cache import ElfCache
+from loadfuzz.elf.loader import origin_path
 from loadfuzz.elf.opnames import carries_string
 from loadfuzz.elf.read import STD_PREFIXES, BadElf, ElfFacts, ElfReader
 from loadfuzz.inventory import Inventory
@@ -38,17 +39,6 @@ UNIDENTIFIED = {"first": "a library loaded earlier", "entry": "their registratio
                 "owner": "the process", "more": "", "count": "?"}
 SYSTEM = ("/lib/", "/lib64/", "/usr/lib/", "/usr/lib64/", "/usr/local/lib/")
 MOST_SYMBOLS = 8
-
-
-@dataclass(frozen=True)
-class Account:
-    """What one finding's evidence says, before the catalogue's words are put on it."""
-
-    kind: str | None  # None: the catalogue decides from the signature or outcome
-    carriers: tuple[Carrier, ...]  # the copies, the one that came first first
-    symbols: tuple[BoundSymbol, ...] = ()
-    fields: Mapping[str, str] = field(default_factory=dict)  # for the templates
-    conditions: frozenset[str] = frozenset()
 
 
 def is_system(path: str) -> bool:
@@ -422,13 +412,10 @@ class Explainer:
         needer = needers[0] if needers else self.failing_path(record, None)
         carriers = (self.carrier(record, objects, needer),) if needer else ()
         fields = {"needer": self.name(record, needer), "op": op}
-        # a file of that name the campaign reached (beside a library whose DT_RPATH finds it)
-        shipped = sorted(path for path in self.inv.link_map.files if path.name == op)
-        if not shipped or needer is None:
+        if needer is None or (shipped := self.inv.link_map.shipped(op)) is None:
             return Account(None, carriers, fields=fields, conditions=frozenset({"not-shipped"}))
-        where = os.path.relpath(shipped[0].parent, Path(needer).parent)
-        fields |= {"shipped": self.name(record, str(shipped[0])),
-                   "origin": "$ORIGIN" if where == "." else f"$ORIGIN/{where}"}
+        fields |= {"shipped": self.name(record, str(shipped)),
+                   "origin": origin_path(shipped.parent, Path(needer))}
         return Account(None, carriers, fields=fields, conditions=frozenset({"shipped"}))
 
     def interposed(self, record: TrialRecord, objects: list[Loaded],

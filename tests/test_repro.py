@@ -389,6 +389,15 @@ def aborting_after(folder, said):
     return build(folder, "says", ABORTS_AFTER_SAYING % (f'"{said}"', "abort()"))
 
 
+def refused(done, says, out):
+    """Bad input, as the contract has it: exit 2, one line on stderr saying `says`, nothing on
+    stdout, no results folder."""
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stdout == "" and len(done.stderr.splitlines()) == 1
+    assert says in done.stderr
+    assert not out.exists()
+
+
 def repro_with_stdin(text, *args):
     return subprocess.run([str(LOADFUZZ), "repro", *map(str, args)], input=text,
                           capture_output=True, text=True, timeout=600)
@@ -412,10 +421,7 @@ def test_a_dash_reads_the_message_from_stdin_and_is_never_a_message_itself(dash,
 def test_a_message_with_no_word_of_three_letters_or_digits_is_bad_input(message, tmp_path):
     aborting_after(tmp_path / "libs", "fatal: widget table corrupt\\n-- a-b .. :: -> --\\n")
     done = loadfuzz("repro", message, tmp_path / "libs", "--out", tmp_path / "out")
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert done.stdout == "" and len(done.stderr.splitlines()) == 1
-    assert "no word to look for" in done.stderr
-    assert not (tmp_path / "out").exists()
+    refused(done, "no word to look for", tmp_path / "out")
 
 
 WHAT = "what(): duplicate handler registered: 'fast_path'"
@@ -555,10 +561,7 @@ def test_a_pasted_repro_command_is_bad_input_that_says_to_run_it(command, tmp_pa
     text in what trials printed, then said "not reproduced"."""
     aborting_after(tmp_path / "libs", "fatal: widget table corrupt\\n")
     done = loadfuzz("repro", command, tmp_path / "libs", "--out", tmp_path / "out")
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert done.stdout == "" and len(done.stderr.splitlines()) == 1
-    assert "run that command itself" in done.stderr
-    assert not (tmp_path / "out").exists()
+    refused(done, "run that command itself", tmp_path / "out")
     assert read_message(f"loading\n{command}\nfatal: widget table corrupt\n").needle == (
         "fatal: widget table corrupt")  # in a log, among other lines: the abort line counts
 
@@ -578,10 +581,7 @@ def test_a_binary_file_given_as_the_log_is_bad_input(how, tmp_path):
                                "--out", str(tmp_path / "out")], input=binary,
                               capture_output=True, timeout=600)
         done.stdout, done.stderr = done.stdout.decode(), done.stderr.decode()
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert done.stdout == "" and len(done.stderr.splitlines()) == 1
-    assert "no text log (it holds NUL bytes)" in done.stderr
-    assert not (tmp_path / "out").exists()
+    refused(done, "no text log (it holds NUL bytes)", tmp_path / "out")
 
 
 def test_a_line_cut_short_finds_its_collision_but_no_operator_it_does_not_name(tmp_path):

@@ -90,6 +90,12 @@ def expand(entries: Iterable[str], origin: str) -> Iterator[Path]:
     return (folder for folder in found if folder.is_absolute())
 
 
+def origin_path(folder: Path, requester: Path) -> str:
+    """`folder` as a DT_RUNPATH entry of the library at `requester` ($ORIGIN-relative)."""
+    where = os.path.relpath(folder, requester.parent)
+    return "$ORIGIN" if where == "." else f"$ORIGIN/{where}"
+
+
 def passed_on(loader: ElfFacts, inherited: Chain) -> Chain:
     """What an object `loader` loads inherits: the loader's own DT_RPATH, then what the loader
     inherited (ld.so walks up `l_loader`, whatever the DT_RUNPATH of the objects on the way)."""
@@ -166,6 +172,15 @@ class LinkMap:
         """The files some of whose NEEDED names lead elsewhere with an inherited DT_RPATH."""
         return frozenset(path for path, _, _ in self.through)
 
+    @cached_property
+    def elsewhere(self) -> Mapping[tuple[Path, str], frozenset[Path]]:
+        """Per (requester, NEEDED name), the files an inherited DT_RPATH leads it to instead."""
+        found: dict[tuple[Path, str], set[Path]] = {}
+        for (requester, name, _), path in self.through.items():
+            if path is not None:
+                found.setdefault((requester, name), set()).add(path)
+        return {link: frozenset(paths) for link, paths in found.items()}
+
     def resolve(self, obj: ElfFacts, inherited: Chain = ()) -> tuple[tuple[str, ElfFacts | None], ...]:
         found = ((name, self.lookup(obj, name, inherited)) for name in obj.needed)
         return tuple((name, None if path is None else self.files[path]) for name, path in found)
@@ -175,13 +190,18 @@ class LinkMap:
         default = self.links.get((obj.path, name))
         return self.through.get((obj.path, name, inherited), default) if inherited else default
 
+    def shipped(self, name: str) -> Path | None:
+        """A file of that name the campaign reached (a library whose DT_RPATH finds it, say,
+        where another's search path does not), if any."""
+        return min((path for path in self.files if path.name == name), default=None)
+
     def leads_to(self, obj: ElfFacts, name: str) -> set[Path]:
         """Every file a NEEDED name of `obj` may lead to, whoever loaded `obj` (for a walk that
         knows which objects its process holds: the one of these it holds is the one)."""
-        found = {self.links.get((obj.path, name))}
-        found.update(path for (requester, needed, _), path in self.through.items()
-                     if requester == obj.path and needed == name)
-        return {path for path in found if path is not None}
+        found = set(self.elsewhere.get((obj.path, name), ()))
+        if (default := self.links.get((obj.path, name))) is not None:
+            found.add(default)
+        return found
 
     def search_list(self, root: ElfFacts, loaded: Mapping[str, ElfFacts] | None = None,
                     ) -> tuple[list[ElfFacts], list[str]]:
