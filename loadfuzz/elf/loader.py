@@ -99,6 +99,8 @@ def origin_path(folder: Path, requester: Path) -> str:
 def passed_on(loader: ElfFacts, inherited: Chain) -> Chain:
     """What an object `loader` loads inherits: the loader's own DT_RPATH, then what the loader
     inherited (ld.so walks up `l_loader`, whatever the DT_RUNPATH of the objects on the way)."""
+    if not loader.rpath:  # (most objects: nothing to add, on every step of every walk)
+        return inherited
     return tuple(dict.fromkeys((*rpath_folders(loader), *inherited)))
 
 

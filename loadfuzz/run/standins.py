@@ -193,11 +193,12 @@ class StandIns:
         new = tuple(o.identity for o in order if o.identity not in done)
         placed: list[Key] = []  # _dl_sort_maps_dfs: post-order, the list walked from its end
         seen: set[Key] = set()
+        held = {o.identity for o in order}  # (a name's other file, had another loaded it: not)
 
         def visit(obj: ElfFacts) -> None:
             seen.add(obj.identity)
             for dep in self.deps(obj):
-                if dep.identity not in seen:
+                if dep.identity in held and dep.identity not in seen:
                     visit(dep)
             placed.append(obj.identity)
 
