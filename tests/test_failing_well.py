@@ -5,6 +5,7 @@ Exit status 3 means "loadfuzz could not finish" (one line on stderr, the traceba
 error.log); 1 is only ever "the campaign completed and found something unexpected".
 """
 
+import errno
 import fcntl
 import json
 import os
@@ -117,6 +118,44 @@ def test_running_out_of_open_files_is_exit_3_with_what_to_do(tmp_path):
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
     assert "Too many open files" in done.stderr
     assert "raise the open-files limit (ulimit -n) or pass fewer --jobs" in done.stderr
+
+
+def test_a_cached_harness_unreadable_for_want_of_file_descriptors_is_not_blamed_on_the_cache(
+        tmp_path, monkeypatch):
+    """Out of file descriptors, reading the cached harness fails with EMFILE: that is the
+    machine's limit (the command line advises `ulimit -n`), not a harness cut short to build
+    again; and a build that runs out of them is not "cannot store the harness" either."""
+    from loadfuzz.run import build
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    binary = build.harness_binary()
+    probe = f"""if True:
+        import errno, os, resource
+        from pathlib import Path
+        from loadfuzz.run import build
+        resource.setrlimit(resource.RLIMIT_NOFILE, (32, 32))
+        while True:
+            try:
+                os.open(os.devnull, os.O_RDONLY)
+            except OSError:
+                break
+        try:
+            print(build.whole(Path({str(binary)!r})))
+        except OSError as exc:
+            print(errno.errorcode[exc.errno])
+        """
+    done = subprocess.run([str(LOADFUZZ.parent / "python"), "-c", probe],
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "EMFILE", done.stdout + done.stderr
+
+    def out_of_descriptors(*_args, **_kwargs):
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+    binary.unlink()
+    monkeypatch.setattr(build.subprocess, "run", out_of_descriptors)
+    with pytest.raises(OSError) as raised:
+        build.harness_binary()
+    assert raised.type is OSError and raised.value.errno == errno.EMFILE
 
 
 @pytest.mark.parametrize("how", ["no compiler", "a compiler that fails", "no cache folder"])

@@ -12,6 +12,7 @@ with a whole binary (each compiles to a file of its own, then renames).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import shlex
@@ -30,6 +31,9 @@ CFLAGS = ("-std=c11", "-O2", "-Wall", "-Wextra")
 LIBS = ("-ldl", "-Wl,--export-dynamic-symbol=__register_atfork",
         "-Wl,--export-dynamic-symbol=pthread_atfork")
 SEAL = b"\nloadfuzz-harness-sha256:"
+# The machine ran out of something: not the cache folder's fault, so not "cannot store" (the
+# command line says what to do about each)
+EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN})
 
 
 class BuildFailed(RuntimeError):
@@ -77,6 +81,8 @@ def harness_binary(strict: bool = False) -> Path:
         raise BuildFailed(f"cannot compile the harness: no C compiler ({exc.filename}); "
                           "install gcc or set CC") from None
     except OSError as exc:
+        if exc.errno in EXHAUSTED:
+            raise
         raise BuildFailed(f"cannot store the harness in {binary.parent}: {exc.strerror or exc}; "
                           "set XDG_CACHE_HOME to a writable folder") from None
     return binary
@@ -89,10 +95,14 @@ def seal(binary: Path) -> None:
 
 
 def whole(binary: Path) -> bool:
-    """Whether the binary ends in the seal of its contents (not cut short, nor replaced)."""
+    """Whether the binary ends in the seal of its contents (not cut short, nor replaced). A
+    binary that cannot be read for want of file descriptors or memory is an error, not a
+    reason to build it again."""
     try:
         data = binary.read_bytes()
-    except OSError:
+    except OSError as exc:
+        if exc.errno in EXHAUSTED:
+            raise
         return False
     body, sep, digest = data.rpartition(SEAL)
     return bool(sep) and hashlib.sha256(body).hexdigest().encode() == digest
