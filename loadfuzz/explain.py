@@ -385,7 +385,7 @@ class Explainer:
 
     def missing_symbol(self, record: TrialRecord, objects: list[Loaded]) -> Account:
         op = record.op or ""
-        found = re.search(r"(\S+): undefined symbol", record.detail)
+        found = re.search(r"(?<!\S)(\S+): undefined symbol", record.detail)
         needer = found.group(1) if found else None
         loaded = [o.path for o in objects if (f := self.facts(o.path)) and op in f.defines]
         elsewhere = [str(lib.path) for lib in self.inv.libraries

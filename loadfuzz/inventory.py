@@ -40,6 +40,7 @@ from loadfuzz.registries import EntryPoints, entry_points, registrations
 if TYPE_CHECKING:
     from loadfuzz.derived import Consulted
 
+PYTHON_NAMES = ("Py", "_Py")  # what libpython defines: a library that needs them needs Python
 # --- roles: the first rule that holds -----------------------------------------------
 
 
@@ -177,6 +178,24 @@ class Inventory:
         """The libraries by the identity of their file (device, inode)."""
         return {self.link_map.files[lib.path].identity: lib for lib in self.libraries}
 
+    @cached_property
+    def _lacking(self) -> dict[tuple[int, int], frozenset[str]]:
+        return {}
+
+    def lacking(self, obj: ElfFacts) -> frozenset[str]:
+        """The strong undefined names of `obj` that no object of its own search list defines
+        (libpython's aside: a library that needs them has libpython loaded first): those
+        another object must bring into its lookup scope, or RTLD_NOW fails its load. Names
+        only: a definition under another symbol version counts. Worked out once an object."""
+        if obj.identity not in self._lacking:
+            left = {name for name in obj.undefined if not name.startswith(PYTHON_NAMES)}
+            for other in self.link_map.search_list(obj)[0]:
+                if not left:
+                    break
+                left -= other.defines
+            self._lacking[obj.identity] = frozenset(left)
+        return self._lacking[obj.identity]
+
 
 def load_target(target: str, add: Sequence[Path] = (), reader: ElfReader | None = None,
                 consulted: Consulted | None = None) -> Inventory:
@@ -302,7 +321,7 @@ def describe(lib_id: str, facts: ElfFacts, link_map: LinkMap,
     deps = order[1:]
     entries = entry_points(facts)
     found = registrations(facts, entries, reader.names)
-    wanted_python = {n for obj in order for n in obj.undefined if n.startswith(("Py", "_Py"))}
+    wanted_python = {n for obj in order for n in obj.undefined if n.startswith(PYTHON_NAMES)}
     provided = {n for n in wanted_python if any(n in obj.defines for obj in order)}
     ops = sorted({op for _, names in found for op in names})
     return Library(

@@ -127,6 +127,15 @@ class Process:
                                         "no folder of its search path (RUNPATH, LD_LIBRARY_PATH, "
                                         "ld.so.conf, the system folders) holds it"))
         new = [obj for obj in order if obj.identity not in self.loaded]
+        if (lacking := unresolved(self.inv, new, [*self.global_scope, *order])) is not None:
+            obj, name = lacking
+            return Prediction((), Outcome.LOAD_ERROR, index,
+                              why=f"{self.name_of(obj)} needs the symbol {name}, which nothing "
+                                  "in its lookup scope defines",
+                              evidence=(f"{self.name_of(obj)} references {name} (a strong "
+                                        "undefined dynamic symbol)",
+                                        "no object of the global scope nor of the step's "
+                                        "dependency closure exports it"))
         self.arrived += [(obj, index) for obj in new]
         needed_as = self.needed_as(order)
         for obj in order:
@@ -319,9 +328,25 @@ def quiet(inv: Inventory, libraries: Iterable[Library]) -> frozenset[str]:
     calm = set()
     for lib in libraries:
         order, missing = inv.link_map.search_list(inv.link_map.files[lib.path])
-        if not missing and not any(obj.identity in registering for obj in order):
+        if not missing and not any(obj.identity in registering for obj in order) \
+                and unresolved(inv, order, order) is None:
             calm.add(lib.id)
     return frozenset(calm)
+
+
+def unresolved(inv: Inventory, new: Sequence[ElfFacts],
+               scope: Sequence[ElfFacts]) -> tuple[ElfFacts, str] | None:
+    """The first of the new objects with a strong undefined symbol that no object of `scope`
+    (its lookup scope: the global scope, then the step's search list) defines, and that
+    symbol: RTLD_NOW fails the load on it ("undefined symbol: ..."). Only the names an
+    object's own closure lacks are looked for (`Inventory.lacking`)."""
+    for obj in new:
+        if left := set(inv.lacking(obj)):
+            for other in scope:
+                left -= other.defines
+            if left:
+                return obj, min(left)
+    return None
 
 
 def shared_definitions(first: ElfFacts, second: ElfFacts, limit: int = 8) -> tuple[str, ...]:

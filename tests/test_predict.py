@@ -157,6 +157,36 @@ def test_a_predicted_missing_library_agrees_with_the_load_error_observed(tmp_pat
     assert summary["prediction"]["agree"] == 2 and summary["prediction"]["disagree"] == []
 
 
+def test_a_symbol_only_an_earlier_global_library_defines_is_predicted_as_loading_shows(tmp_path):
+    """libconsumer.so uses lf_provided, which only libprovider.so defines and which it does not
+    link: it loads after the provider opened `global`, and fails with "undefined symbol" after
+    a `local` one or alone. The prediction says so pair by pair, and the matrix agrees."""
+    from support import build
+
+    folder = tmp_path / "libs"
+    folder.mkdir()
+    build(folder, "provider", "int lf_provided(void) { return 7; }\n")
+    build(folder, "consumer", "int lf_provided(void);\n"
+          "int lf_consume(void) { return lf_provided() + 1; }\n")
+    inv = inventory.load_target(str(folder))
+    predicted = {(p.sequence[0].lib, p.sequence[1].lib, p.sequence[0].flags.value): p
+                 for p in predict.predict(inv)}
+    assert set(predicted) == {("libconsumer.so", "libprovider.so", "global"),
+                              ("libconsumer.so", "libprovider.so", "local"),
+                              ("libprovider.so", "libconsumer.so", "local")}
+    after_local = predicted["libprovider.so", "libconsumer.so", "local"]
+    assert (after_local.outcome, after_local.step) == (Outcome.LOAD_ERROR, 1)
+    assert "lf_provided" in after_local.why
+    assert predict.quiet(inv, inv.libraries) == {"libprovider.so"}
+    done = loadfuzz("matrix", folder, "--out", tmp_path / "out", "--json")
+    summary = json.loads(done.stdout)
+    assert sorted((r["sequence"][0]["lib"], r["sequence"][0]["flags"], r["op"])
+                  for r in summary["findings"]) == [
+        ("libconsumer.so", "global", "lf_provided"), ("libconsumer.so", "local", "lf_provided"),
+        ("libprovider.so", "local", "lf_provided")]
+    assert summary["prediction"]["agree"] == 4 and summary["prediction"]["disagree"] == []
+
+
 @pytest.mark.parametrize("target", ["executorch", "corpus", "hostile"])
 def test_pairs_of_quiet_libraries_are_predicted_without_a_replay_exactly_as_a_replay_would(
         target):

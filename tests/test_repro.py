@@ -195,6 +195,16 @@ def test_a_message_and_a_log_together_is_bad_usage(tmp_path, order):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_mistyped_target_path_beside_a_log_is_said_to_be_missing_not_a_message(tmp_path):
+    log = tmp_path / "crash.log"
+    log.write_text(ET_LINE)
+    done = loadfuzz("repro", "--log", log, tmp_path / "no-such-corpus", FIXTURES / "corpus",
+                    "--out", tmp_path / "out")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == f"loadfuzz: no such file or directory: {tmp_path / 'no-such-corpus'}\n"
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_order_kept_is_the_first_that_reproduces_on_one_core_or_on_several(tmp_path):
     """Orders run `--jobs` at once; what is kept is what one by one would have kept."""
     results = {}
@@ -593,3 +603,23 @@ def test_a_line_cut_short_finds_its_collision_but_no_operator_it_does_not_name(t
     assert "the registry stopped at quantized_decomposed::add.out, the first duplicate it met\n" \
         in done.stdout
     assert "also both carry" not in done.stdout
+
+
+@pytest.mark.parametrize("blob", ["x" * 400_000, "a/" * 200_000, "\n" * 400_000])
+def test_a_log_with_one_huge_line_is_read_in_one_pass_and_shown_cut_short(blob, tmp_path):
+    """A log holding a base64 blob or a long run of one character: every catalogue pattern
+    reads it in time linear in its length (one that backtracked over each start took hours on
+    a 2 MB line), a path-like op before `: cannot open` is still found whole, and the result
+    shows the first 300 characters of a long message."""
+    probe = ("import sys; from loadfuzz.search.repro import read_message, shown\n"
+             "blob = open(sys.argv[1]).read()\n"
+             "m = read_message('Segmentation fault\\n' + blob)\n"
+             "n = read_message(blob + ' /opt/libz.so: cannot open shared object file')\n"
+             "print(m.signal, n.signature, n.op, len(shown(blob)))\n")
+    log = tmp_path / "blob.log"
+    log.write_text(blob)
+    done = subprocess.run([str(LOADFUZZ.parent / "python"), "-c", probe, str(log)],
+                          capture_output=True, text=True, timeout=120)  # a hang guard only
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(int(signal.SIGSEGV)), "missing-library", "/opt/libz.so",
+                                   "301"]

@@ -243,6 +243,9 @@ def message_of(args: argparse.Namespace) -> tuple[str, list[str]]:
         try:
             targets.locate(args.words[0])
         except UsageError:
+            word = args.words[0]
+            if "/" in word and not any(c.isspace() for c in word):
+                raise  # a path, mistyped: a target that is not there, as without --log
             raise UsageError("give either a MESSAGE or --log FILE (not both)") from None
     if str(args.log) == "-":
         return log_text(sys.stdin.buffer.read(), "the log on stdin"), args.words

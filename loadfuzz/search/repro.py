@@ -64,7 +64,7 @@ LOGGER = re.compile(r"^(?:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[,.]\d+)? - \S+ - (?P
                     rf"|{ISO_TIME} \S+ [^\s:\[]+\[\d+\]): )")
 SERIOUS = ("ERROR", "CRITICAL", "FATAL")  # a logger's levels that make a line telling
 # A line quoted whole, as copied into an issue or a chat: 'undefined symbol: x'.
-QUOTED = re.compile(r"""^\s*(['"`])(.*)\1\s*$""", re.MULTILINE)
+QUOTED = re.compile(r"""^[^\S\n]*(['"`])(.*)\1[^\S\n]*$""", re.MULTILINE)
 # What a shell or CPython's faulthandler prints for a process a signal killed, which names no
 # message of its own: the signal is what to reproduce. ("Aborted" comes last: an abort's own
 # line, when the log has one, says more.)
@@ -81,6 +81,7 @@ SPACE = re.compile(r"\s+")
 # or a bracketed one (`[2026-12-05 04:12:00] `, `[ERROR] `). Never a `] ` inside the message
 # (`what():  invalid shape [1, 3] aborting`).
 LOG_PREFIX = re.compile(r"^\s*(?:[IWEFD] ?[\d:. ]*\d[^\]\n]*?:\d+\]|\[[^\]\n]*\])\s+")
+SHOWN = 300  # characters of the message that the result shows
 WORD = re.compile(r"[^\W_]{3}")  # what a message must hold to be looked for: 3 letters or digits
 
 
@@ -138,6 +139,12 @@ class Message:
     def needle(self) -> str:
         """For an unknown line: its text without the log prefix (time stamps differ)."""
         return needle_of(self.text)
+
+
+def shown(line: str) -> str:
+    """A line as the result shows it: a line longer than SHOWN characters (a log's base64
+    blob, say) cut there, with an ellipsis."""
+    return line if len(line) <= SHOWN else line[:SHOWN] + "…"
 
 
 def needle_of(line: str) -> str:
@@ -275,7 +282,7 @@ def reproduce(campaign: Prepared, message: Message, watcher: Watcher) -> dict[st
     found: TrialRecord | None = None
 
     def result() -> dict[str, Any]:
-        return {"message": message.text, "signature": message.signature, "op": message.op,
+        return {"message": shown(message.text), "signature": message.signature, "op": message.op,
                 "signal": message.signal,
                 "candidates": [lib.id for lib in candidates], "reproduced": found is not None,
                 "record": found.to_json() if found else None, "tried": tried,
