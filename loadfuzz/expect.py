@@ -202,7 +202,8 @@ def names_nothing(entry: Mapping[str, Any], ids: Iterable[str]) -> str:
              if not any(fnmatchcase(lib, entry.get(key, "")) for lib in ids)]
     if not empty:
         return ""
-    return f"its {' and '.join(f'`{key}`' for key in empty)} names no library of this campaign"
+    globs = " and ".join(f'{key} = "{entry.get(key, "")}"' for key in empty)
+    return f"its {globs} {'name' if len(empty) > 1 else 'names'} no library of this campaign"
 
 
 def sort_findings(findings: Iterable[TrialRecord], expectations: Iterable[Expectation],

@@ -291,12 +291,17 @@ def build(target: str, name: str, version: str | None, root: Path, files: Mappin
             warnings.append(f"skipped {lib_id}: the same file as {held} (a hard link)")
             continue
         chosen[lib_id] = facts
-    for extra in add:
+    for position, extra in enumerate(add):
         lib_id = f"extra/{Path(extra).name}"
+        if Path(extra).is_dir():
+            raise UsageError(f"--add {extra}: a folder, not a library (give a TARGET for a "
+                             "folder of libraries)")
         if not Path(extra).is_file():
             raise UsageError(f"--add {extra}: no such file")
         if lib_id in chosen:
-            raise UsageError(f"--add {extra}: a library with id {lib_id} is already in {target}")
+            where = ("another --add" if any(Path(other).name == Path(extra).name
+                                            for other in add[:position]) else target)
+            raise UsageError(f"--add {extra}: a library with id {lib_id} is already in {where}")
         try:
             facts = reader.facts(Path(extra))
         except BadElf as exc:

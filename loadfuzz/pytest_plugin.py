@@ -1,7 +1,7 @@
 """The pytest plugin: one test per ordered pair of a target's libraries and flags mode.
 
-    pytest --loadfuzz TARGET [--loadfuzz-add LIB]... [--loadfuzz-select GLOB]...
-           [--loadfuzz-flags global,local] [--loadfuzz-expect FILE]
+    pytest --loadfuzz=TARGET [--loadfuzz-add=LIB]... [--loadfuzz-select=GLOB]...
+           [--loadfuzz-flags=global,local] [--loadfuzz-expect=FILE]
 
 Each test is one trial of the load order `<first id> -> <second id> @ <flags>`
 (the test's name; its node id is `loadfuzz::<name>`). A pair that is not clean

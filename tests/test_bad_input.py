@@ -88,6 +88,15 @@ CASES = {
     "out under a file": (lambda f: ["matrix", QUANTIZED, "--out", under_a_file(f)],
                          "is not a folder"),
     "empty out": (lambda f: ["matrix", QUANTIZED, "--out", ""], "an empty path"),
+    # Path("") is the working folder: "--add .: no such file" named a path nobody gave
+    "empty add": (lambda f: ["scan", "executorch", "--add", ""], "argument --add: an empty path"),
+    "empty expect": (lambda f: ["matrix", "executorch", "--expect", ""],
+                     "argument --expect: an empty path"),
+    "folder as add": (lambda f: ["matrix", "executorch", "--add", f],
+                      "a folder, not a library (give a TARGET for a folder of libraries)"),
+    "one add twice": (lambda f: ["scan", "executorch", "--add", LEGACY_PLUGIN, "--add",
+                                 LEGACY_PLUGIN],
+                      "extra/libquantized_ops_legacy_plugin.so is already in another --add"),
     "add of a library the target holds": (
         lambda f: ["matrix", "executorch", "--add", QUANTIZED],
         "already holds it, as lib/libexecutorch_kernels_quantized.so"),

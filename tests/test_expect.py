@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from html import escape
 from pathlib import Path
 
 import pytest
@@ -218,12 +219,21 @@ def test_a_stale_entry_that_names_no_library_of_the_campaign_says_so_everywhere(
         'outcome = "abort"\nwhy = "fixed since"\n')
     done = loadfuzz("matrix", libs, "--expect", expect, "--out", tmp_path / "out")
     assert done.returncode == 0, done.stdout + done.stderr
-    note = "its `second` names no library of this campaign"
+    note = 'its second = "libfx_claen_too.so" names no library of this campaign'
     lines = [line for line in done.stdout.splitlines() if line.startswith("  stale expectation:")]
     assert len(lines) == 2 and note in lines[0] and "names no library" not in lines[1]
     report = (tmp_path / "out" / "report.md").read_text()
-    assert "a typo (`expect.toml:entry 1`) — **its \\`second\\` names no library of this " \
-           "campaign**" in report and report.count("names no library") == 1
+    assert f"a typo (`expect.toml:entry 1`) — **{note}**" in report
+    assert report.count("names no library") == 1
     html = (tmp_path / "out" / "matrix.html").read_text()
-    assert f"a typo (expect.toml:entry 1) — <strong>{note}</strong>" in html
+    assert f"a typo (expect.toml:entry 1) — <strong>{escape(note)}</strong>" in html
     assert html.count("names no library") == 1
+
+
+def test_an_entry_both_of_whose_globs_fit_nothing_names_both_in_one_sentence() -> None:
+    from loadfuzz.expect import names_nothing
+
+    entry = {"first": "lib/a*.so", "second": "extra/b.so"}
+    assert names_nothing(entry, ["lib/c.so"]) == (
+        'its first = "lib/a*.so" and second = "extra/b.so" name no library of this campaign')
+    assert names_nothing(entry, ["lib/a1.so", "extra/b.so"]) == ""

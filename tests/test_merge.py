@@ -321,6 +321,14 @@ def test_fuzz_shards_keep_one_finding_per_identity(tmp_path):
                                   for w in s["warnings"]]
     assert sequences(tmp_path / "merged") == sorted(set(sequences(shards[0]) + sequences(shards[1])))
     assert merged["trials"] == len(sequences(tmp_path / "merged"))
+    # the prediction's tallies are the shards', added: a trial both ran counts twice, and the
+    # text says so rather than contradict the count of trials just above it
+    total = merged["prediction"]["agree"] + merged["prediction"]["disagree_count"]
+    assert total == sum(s["prediction"]["agree"] + s["prediction"]["disagree_count"]
+                        for s in summaries) > merged["trials"]
+    text = loadfuzz("merge", *shards, "--out", tmp_path / "merged-text").stdout
+    assert (f"prediction: {merged['prediction']['agree']} of {total} trials the shards ran "
+            "(their tallies added: a trial two shards ran counts twice)") in text
     script = subprocess.run(["sh", "-n", tmp_path / "merged" / "repro" / "001.sh"], check=False)
     assert script.returncode == 0
 

@@ -452,6 +452,9 @@ def test_a_shards_grid_per_flags_mode_has_the_rows_it_ran_in_that_mode() -> None
     assert [line.split(":")[0] for line in grid[0::3]] == ["global", "local"]
     assert [grid[2].split(), grid[5].split()] == [["2", ".", ".", "c"], ["0", ".", "?", "a"]]
     assert len(grid) == 6
+    # a shard whose slice holds only global pairs prints no empty `local:` grid
+    only_global = matrix_text(summary, records[:2]).splitlines()
+    assert [line.split(":")[0] for line in only_global if not line.startswith(" ")] == ["global"]
 
 
 def test_a_shards_grids_show_the_rows_it_ran_and_a_whole_campaigns_every_row(

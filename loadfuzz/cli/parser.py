@@ -109,8 +109,9 @@ def jobs(text: str) -> int:
     return value
 
 
-def folder(text: str) -> Path:
-    """A folder's path; an empty word is refused (Path('') would be the working folder)."""
+def a_path(text: str) -> Path:
+    """A file's or a folder's path; an empty word is refused (Path('') would be the working
+    folder)."""
     if not text.strip():
         raise argparse.ArgumentTypeError("an empty path")
     return Path(text)
@@ -178,7 +179,7 @@ def build_parser() -> Parser:
                                   "<name>-<version>/<path>)")
         sub.add_argument("--env", action="store_true",
                          help="every installed distribution that ships shared libraries")
-        sub.add_argument("--add", action="append", default=[], type=Path, metavar="LIB",
+        sub.add_argument("--add", action="append", default=[], type=a_path, metavar="LIB",
                          help="an extra library (id extra/<file name>); repeatable")
 
     def target(sub: Parser, campaign: bool = True, positional: bool = True,
@@ -191,19 +192,19 @@ def build_parser() -> Parser:
                              help="not the libraries whose id matches; repeatable")
             sub.add_argument("--flags", type=flags_list, default=(Flags.GLOBAL, Flags.LOCAL),
                              metavar="MODES", help="flags modes, e.g. global,local (default)")
-            sub.add_argument("--expect", type=Path, action=Once, metavar="FILE",
+            sub.add_argument("--expect", type=a_path, action=Once, metavar="FILE",
                              help="expectations file (TOML) of accepted findings")
             sub.add_argument("--shard", type=Shard.parse, default=WHOLE,
                              metavar="K/N", help="run only the K-th of N slices of the work")
             sub.add_argument("--jobs", type=jobs, default=hostenv.usable_cores(), metavar="N",
                              help=jobs_help)
-            sub.add_argument("--baseline", type=folder, action=Once, metavar="RESULTS_FOLDER",
+            sub.add_argument("--baseline", type=a_path, action=Once, metavar="RESULTS_FOLDER",
                              help="an earlier campaign's results folder: report the findings "
                                   "new, gone and still there since")
             sub.add_argument("--fail-on", choices=FAIL_ON, default="unexpected",
                              help="exit 1 on any unexpected finding (default), or only on an "
                                   "unexpected one that is new since --baseline")
-        sub.add_argument("--out", type=folder, action=Once, metavar="DIR", help="results folder")
+        sub.add_argument("--out", type=a_path, action=Once, metavar="DIR", help="results folder")
         sub.add_argument("--json", action="store_true", help="print JSON")
         limits(sub)
 
@@ -237,14 +238,14 @@ def build_parser() -> Parser:
     sub.add_argument("--seed", type=int, metavar="N",
                      help="seed of the search, to repeat a campaign (default: one drawn at "
                           "random, reported in the summary)")
-    sub.add_argument("--db", type=folder, action=Once, default=Path("results/.hypothesis"), metavar="DIR",
+    sub.add_argument("--db", type=a_path, action=Once, default=Path("results/.hypothesis"), metavar="DIR",
                      help="example database: findings kept across campaigns and replayed "
                           "first (default results/.hypothesis)")
 
     sub = command("repro", "Reproduce a reported abort from its message or a log.")
     sub.add_argument("words", nargs="*", metavar="[MESSAGE] TARGET",
                      help="the abort line (unless --log; `-`: as --log -), then the target(s)")
-    sub.add_argument("--log", type=Path, action=Once, metavar="FILE",
+    sub.add_argument("--log", type=a_path, action=Once, metavar="FILE",
                      help="a crash log holding the message (the catalogue's signatures are "
                           "tried against its whole text); `-`: read it from stdin")
     target(sub, campaign=False, positional=False)
@@ -253,9 +254,9 @@ def build_parser() -> Parser:
                           "reproduces, in the order tried, is kept either way")
 
     sub = command("merge", "Merge the results folders of the shards of one campaign into one.")
-    sub.add_argument("folders", nargs="+", type=Path, metavar="DIR",
+    sub.add_argument("folders", nargs="+", type=a_path, metavar="DIR",
                      help="the results folder of each shard (--shard K/N) of the campaign")
-    sub.add_argument("--out", type=folder, action=Once, required=True, metavar="DIR",
+    sub.add_argument("--out", type=a_path, action=Once, required=True, metavar="DIR",
                      help="results folder of the whole campaign (must not hold results)")
     sub.add_argument("--json", action="store_true", help="print the merged summary as JSON")
     sub.add_argument("--fail-on", choices=FAIL_ON, default="unexpected",

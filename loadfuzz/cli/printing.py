@@ -114,7 +114,8 @@ def describe_run(record: TrialRecord) -> str:
 
 def matrix_text(summary: dict, records: Sequence[TrialRecord]) -> str:
     """The pair matrix on a terminal: one grid per flags mode, rows first, columns second;
-    a shard's grid has the rows it ran in that mode (`?`: a pair of such a row it did not)."""
+    a shard's grid has the rows it ran in that mode (`?`: a pair of such a row it did not),
+    and a mode it ran no pair of has none."""
     libs = summary["libraries"]
     cells = {(r.sequence[0].lib, r.sequence[1].lib, r.sequence[0].flags.value): r.outcome.value
              for r in records if len(r.sequence) == 2}
@@ -122,6 +123,8 @@ def matrix_text(summary: dict, records: Sequence[TrialRecord]) -> str:
     legend = ", ".join(f"{glyph} {outcome}" for outcome, glyph in GLYPHS.items())
     lines = []
     for mode in summary["flags"]:
+        if summary.get("shard") and not any(ran_mode == mode for _, ran_mode in ran):
+            continue  # a shard whose slice holds no pair of this mode: no empty grid
         lines.append(f"{mode}: row = loaded first, column = loaded second ({legend})")
         lines.append("     " + "".join(f"{n % 100:>3}" for n in range(len(libs))))
         for row, first in enumerate(libs):
@@ -153,7 +156,10 @@ def print_summary(summary: dict) -> None:
     if summary.get("prediction"):
         prediction = summary["prediction"]
         total = prediction["agree"] + prediction["disagree_count"]
-        say(f"prediction: {prediction['agree']} of {total} trials ended as scan predicted")
+        shards = (" the shards ran (their tallies added: a trial two shards ran counts twice)"
+                  if summary.get("merged_from") and total != summary["trials"] else "")
+        say(f"prediction: {prediction['agree']} of {total} trials{shards} ended as scan "
+            "predicted")
     for record in findings:
         mark = ("UNEXPECTED" if record in unexpected
                 else "environ.  " if record in summary.get("environment", []) else "expected  ")
