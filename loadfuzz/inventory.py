@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from loadfuzz.derived import Consulted
 
 PYTHON_NAMES = ("Py", "_Py")  # what libpython defines: a library that needs them needs Python
+
 # --- roles: the first rule that holds -----------------------------------------------
 
 
