@@ -320,11 +320,11 @@ static int run_apart(int (*run)(const char *), const char *source) {
     return rc;
 }
 
-/* Run Python source in an interpreter this process embeds, started on first use as
- * the program LOADFUZZ_PYTHON names (its sys.path, its site-packages and .pth files, its
- * signal set-up and sys.argv, as `python -c` would have them). libpython must already be
- * loaded RTLD_GLOBAL. `in_main`: run it in __main__ (a step), else apart (a preload). */
-static int run_python(const char *source, int in_main, struct trace *tr) {
+/* Start the interpreter this process embeds, unless it runs: as the program
+ * LOADFUZZ_PYTHON names (its sys.path, its site-packages and .pth files, its signal
+ * set-up and sys.argv, as `python -c` would have them). libpython must already be
+ * loaded RTLD_GLOBAL. */
+static int start_python(struct trace *tr) {
     int (*is_init)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "Py_IsInitialized");
     void (*init)(int) = (void (*)(int))dlsym(RTLD_DEFAULT, "Py_InitializeEx");
     int (*run)(const char *) = (int (*)(const char *))dlsym(RTLD_DEFAULT, "PyRun_SimpleString");
@@ -342,6 +342,14 @@ static int run_python(const char *source, int in_main, struct trace *tr) {
         /* the script's folder first on sys.path, and sys.argv, as `python -c` has them */
         run("__import__('sys').path.insert(0, ''); __import__('sys').argv[:] = ['-c']");
     }
+    return 0;
+}
+
+/* Run Python source in an interpreter this process embeds, started on first use (see
+ * `start_python`). `in_main`: run it in __main__ (a step), else apart (a preload). */
+static int run_python(const char *source, int in_main, struct trace *tr) {
+    int (*run)(const char *) = (int (*)(const char *))dlsym(RTLD_DEFAULT, "PyRun_SimpleString");
+    if (start_python(tr) < 0) return -1;
     unsetenv("LOADFUZZ_PY_ERROR");
     unsetenv("LOADFUZZ_PY_SIGINT");
     int failed = (in_main ? run(source) : run_apart(run, source)) != 0;
@@ -729,15 +737,25 @@ static void preload_error(int status, const char *why) {
  * stdio buffers stays there, so each trial flushes it as its own process would. */
 static void preload_python(const char *source, int status) {
     static struct trace boot;
-    int saved[2] = {dup(1), dup(2)};
+    int saved[2] = {dup(1), dup(2)}, started[2];
     FILE *out = tmpfile();
-    if (!out || saved[0] < 0 || saved[1] < 0 || dup2(fileno(out), 1) < 0 || dup2(fileno(out), 2) < 0)
+    /* Python makes sys.stdout and sys.stderr as it starts, and notes then what they are
+     * on: a pipe, as in a trial (not seekable, a pipe's buffer size). What it prints while
+     * it starts (a broken .pth file: a few lines) fits the pipe; what the source prints,
+     * which may be more, goes to a file. */
+    if (!out || saved[0] < 0 || saved[1] < 0 || pipe2(started, O_NONBLOCK) < 0
+        || dup2(started[1], 1) < 0 || dup2(started[1], 2) < 0)
         die("tmpfile");
-    int failed = run_python(source, 0, &boot) < 0;
+    close(started[1]);
+    int failed = start_python(&boot) < 0;
+    if (dup2(fileno(out), 1) < 0 || dup2(fileno(out), 2) < 0) die("dup2");
+    char buf[65536];
+    for (ssize_t n; (n = read(started[0], buf, sizeof buf)) > 0;) keep_output(&cap, buf, (size_t)n);
+    close(started[0]);
+    failed = failed || run_python(source, 0, &boot) < 0;
     if (dup2(saved[0], 1) < 0 || dup2(saved[1], 2) < 0) die("dup2");
     close(saved[0]);
     close(saved[1]);
-    char buf[65536];
     rewind(out);
     for (size_t n; (n = fread(buf, 1, sizeof buf, out)) > 0;) keep_output(&cap, buf, n);
     fclose(out);

@@ -91,6 +91,20 @@ def test_a_warm_interpreter_sees_the_trial_s_own_home_and_tmpdir_as_a_cold_one_d
     assert [run.output.strip() for run in (*warm, cold)] == [b"True"] * 3
 
 
+def test_a_warm_interpreter_s_standard_streams_are_made_on_a_pipe_as_a_cold_one_s_are(trials):
+    # Python notes what sys.stdout is on when it makes it: the server's stdout was a file,
+    # so a warm trial's stdout said it was seekable where a cold one's is the capture pipe
+    libpython = trials.warm.libpython
+    show = ("import sys\nprint([s.seekable() for s in (sys.stdout, sys.stderr)],"
+            " sys.stdout.buffer.raw._blksize, sys.stdout.line_buffering)\n")
+    steps = [HarnessStep("g", libpython), HarnessStep("y", libpython, show)]
+    with Harness([steps[0], HarnessStep("y", libpython, "print('STARTED')\n")]) as server:
+        warm = server.run(steps, LIMITS, 1)
+    cold = run_cold(steps, LIMITS, 1)
+    assert cold.output.strip().startswith(b"[False, False]")
+    assert warm.output == b"STARTED\n" + cold.output
+
+
 @pytest.mark.parametrize(("init", "first"), [
     ("import json\nimport torch\nprint('AFTER-TORCH')\n", True),
     ("try:\n    import torch\nexcept BaseException:\n    pass\nprint('AFTER-TORCH')\n", True),
