@@ -12,6 +12,7 @@ against the test's own loader, one fresh process per pair."""
 from __future__ import annotations
 
 import json
+import resource
 import subprocess
 from pathlib import Path
 
@@ -67,11 +68,14 @@ def plain_libraries(folder: Path, count: int) -> None:
 
 
 def matrix_agrees_with_the_loader(loader: Path, libs: Path, out: Path,
-                                  need_python: tuple[str, ...] = ()) -> dict[tuple, str]:
+                                  need_python: tuple[str, ...] = (),
+                                  mem_mb: int | None = None) -> dict[tuple, str]:
     """Run the matrix of `libs` (global and local); check every verdict against the loader
     (libpython first, global, for a pair with a library of `need_python`, as a Python process
-    has it); the verdicts by (first, second, flags)."""
-    done = loadfuzz("matrix", libs, "--flags", "global,local", "--out", out, "--json")
+    has it; `mem_mb`: the matrix's --mem, the loader's RLIMIT_AS); the verdicts by (first,
+    second, flags)."""
+    ceiling = () if mem_mb is None else ("--mem", str(mem_mb))
+    done = loadfuzz("matrix", libs, "--flags", "global,local", *ceiling, "--out", out, "--json")
     assert done.returncode in (0, 1), done.stderr
     verdicts = {}
     for record in map(json.loads, (out / "trials.jsonl").read_text().splitlines()):
@@ -79,12 +83,17 @@ def matrix_agrees_with_the_loader(loader: Path, libs: Path, out: Path,
         words = [f"{s['flags'][0]}:{libs / s['lib']}" for s in steps]
         if any(s["lib"] in need_python for s in steps):
             words.insert(0, f"g:{hostenv.libpython_path()}")
-        plain = subprocess.run([str(loader), *words], capture_output=True, timeout=60)
+        plain = subprocess.run([str(loader), *words], capture_output=True, timeout=60,
+                               preexec_fn=None if mem_mb is None else lambda: limit_as(mem_mb))
         cold = {0: "clean", -6: "abort", 1: "load-error"}.get(plain.returncode, "?")
         pair = (steps[0]["lib"], steps[1]["lib"], steps[0]["flags"])
         assert record["outcome"] == cold, (pair, record["via"], record["detail"])
         verdicts[pair] = cold
     return verdicts
+
+
+def limit_as(mem_mb: int) -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (mem_mb << 20, mem_mb << 20))
 
 
 def test_a_row_whose_first_step_opened_a_descriptor_is_not_shared(loader, tmp_path):
@@ -260,3 +269,28 @@ def test_a_dependency_that_leads_back_to_a_library_under_test_is_not_preloaded(l
           f"-L{outside}", "-lmid", f"-Wl,-rpath,{outside}")
     verdicts = matrix_agrees_with_the_loader(loader, libs, tmp_path / "out")
     assert verdicts[("libconfig.so", "libuser.so", "local")] == "abort"
+
+
+# Reserves address space (PROT_NONE: no memory) until the ceiling stops it, and keeps it.
+FILL = r"""
+#include <sys/mman.h>
+__attribute__((constructor)) static void fill(void) {
+    while (mmap(0, 16 << 20, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) != MAP_FAILED) {}
+}
+"""
+# A dependency with 512 MiB of zeroed data: loading it maps that much address space.
+BIG = "char big[512 << 20];\nchar *big_data(void) { return big; }\n"
+NEEDS_BIG = "extern char *big_data(void);\nchar *needs_big(void) { return big_data(); }\n"
+
+
+def test_under_a_memory_ceiling_of_the_users_own_nothing_is_mapped_outside_it(loader, tmp_path):
+    # a fork server maps its preload before the trial sets RLIMIT_AS: the dependency's 512 MiB
+    # would be there already, where the cold run must map them after `fill` took what was left
+    outside, libs = folders(tmp_path, "outside", "libs")
+    build(outside, "big", BIG)
+    build(libs, "needs_big", NEEDS_BIG, f"-L{outside}", "-lbig", f"-Wl,-rpath,{outside}")
+    build(libs, "fill", FILL)
+    plain_libraries(libs, 3)  # fill's row is long enough to be shared
+    verdicts = matrix_agrees_with_the_loader(loader, libs, tmp_path / "out", mem_mb=1024)
+    assert verdicts[("libfill.so", "libneeds_big.so", "global")] == "load-error"
+    assert verdicts[("libneeds_big.so", "libfill.so", "local")] == "clean"

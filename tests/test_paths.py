@@ -21,7 +21,7 @@ from loadfuzz.run.tiers import Tiers
 from loadfuzz.run.trials import Trials
 from support import FIXTURES
 
-LIMITS = Limits(timeout_s=5, mem_mb=4096)
+LIMITS = Limits(timeout_s=5)
 FOLDERS = ["corpus", "interpose", "signatures", "legacy", "sdk"]
 
 

@@ -47,7 +47,7 @@ from support import (
     trials_on,
 )
 
-LIMITS = Limits(timeout_s=2, mem_mb=4096)
+LIMITS = Limits(timeout_s=2)
 CLEAN = hostile("clean")
 
 # fixture -> (outcome, signal, exit code); each loaded as step 1 between two clean libraries

@@ -12,7 +12,7 @@ from loadfuzz.run.tiers import Route
 from loadfuzz.run.trials import Trials
 from support import Lib, hostile, step
 
-LIMITS = Limits(timeout_s=5, mem_mb=4096)
+LIMITS = Limits(timeout_s=5)
 
 
 def row(first: str, length: int, costly: bool = False) -> Batch:

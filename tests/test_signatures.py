@@ -37,7 +37,7 @@ CASES = {
 
 @pytest.fixture(scope="module", params=PATHS)
 def trials(request):
-    with trials_on(request.param, Limits(timeout_s=5, mem_mb=4096)) as runner:
+    with trials_on(request.param, Limits(timeout_s=5)) as runner:
         yield runner
 
 

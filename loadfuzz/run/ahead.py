@@ -5,8 +5,9 @@ its work is routed (`Tiers`, `Trials.batches`), and a heavy one (libpython
 and the libtorch closure) then takes a few hundred milliseconds to start. So
 each campaign command remembers the preloads its trials took, in the derived
 cache (`derived.DerivedCache`), under the words that decide them: the command,
-the targets, `--add`, `--select`, `--exclude`, `--env`, `--flags` and
-`--shard`. The next run of the same command starts those servers first
+the targets, `--add`, `--select`, `--exclude`, `--env`, `--flags`,
+`--shard` and `--mem` (under a ceiling of the user's own nothing is
+preloaded, see `Trials.route_of`). The next run of the same command starts those servers first
 (the slowest first), on a guess, while it reads the inventory.
 
 A guess decides nothing: a trial still asks the pool for the preload its
@@ -38,7 +39,7 @@ def words(command: str, settings: CampaignSettings) -> tuple:
     target = settings.target
     return (command, target.targets, tuple(map(str, target.add)), target.select, target.exclude,
             target.env, tuple(flags.value for flags in settings.flags),
-            (settings.shard.index, settings.shard.count))
+            (settings.shard.index, settings.shard.count), settings.run.limits.mem_mb)
 
 
 def guessing(settings: CampaignSettings) -> bool:

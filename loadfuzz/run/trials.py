@@ -263,9 +263,15 @@ class Trials:
     def route_of(self, seq: Sequence) -> Route:
         """Where a trial forks from (`tiers.Route`: its tier's server, maybe with a stand-in),
         the interpreter started there (and torch imported) when its first step is Python (see
-        `warm`; stand-ins never precede a Python step). Its tier's server is the way back."""
+        `warm`; stand-ins never precede a Python step). Its tier's server is the way back.
+        Under a memory ceiling of the user's own, a server that preloads nothing."""
         python = self.joins(seq)
         steps, prelude = harness_steps(seq, self.tiers, python)
+        if self.limits.mem_mb != DEFAULT_LIMITS.mem_mb:
+            # a server preloads outside the trial's ceiling (RLIMIT_AS is set in the trial):
+            # under a ceiling of the user's own, what the cold run maps counts against it, so
+            # nothing is preloaded, and a row server takes its prefix under the ceiling
+            return Route((), tuple(steps[:prelude + 1]))
         route = self.tiers.route(seq, steps, prelude, python)
         heavy = any(self.tiers.reaches_torch(s) for s in seq if s.kind is not StepKind.MODULE)
         warm = self.warm.preload(route.preload, steps, prelude, heavy, self._probe)
