@@ -294,3 +294,35 @@ def test_under_a_memory_ceiling_of_the_users_own_nothing_is_mapped_outside_it(lo
     verdicts = matrix_agrees_with_the_loader(loader, libs, tmp_path / "out", mem_mb=1024)
     assert verdicts[("libfill.so", "libneeds_big.so", "global")] == "load-error"
     assert verdicts[("libneeds_big.so", "libfill.so", "local")] == "clean"
+
+
+# A dependency whose constructor takes half a second (a slow set-up, as libtorch_cpu.so's load).
+SLOW = r"""
+#include <time.h>
+__attribute__((constructor)) static void start(void) {
+    struct timespec half = {0, 500000000};
+    nanosleep(&half, 0);
+}
+int slow(void) { return 1; }
+"""
+NEEDS_SLOW = "extern int slow(void);\nint needs_slow(void) { return slow(); }\n"
+
+
+def test_a_time_limit_shorter_than_what_a_server_spared_is_kept_as_the_cold_run_keeps_it(tmp_path):
+    # preloaded, the dependency's half second is spent before the trial's clock starts, where
+    # the cold run spends it in the step that maps it: past a 0.2 s limit
+    outside, libs = folders(tmp_path, "outside", "libs")
+    build(outside, "slow", SLOW)
+    build(libs, "needs_slow", NEEDS_SLOW, f"-L{outside}", "-lslow", f"-Wl,-rpath,{outside}")
+    plain_libraries(libs, 3)  # rows long enough to be shared
+    outcomes = {}
+    for way in ("fast", "cold"):
+        out = tmp_path / way
+        words = ("--cold",) if way == "cold" else ()
+        done = loadfuzz("matrix", libs, "--flags", "global", "--timeout", "0.2", *words, "--out", out)
+        assert done.returncode == 1, done.stderr
+        records = map(json.loads, (out / "trials.jsonl").read_text().splitlines())
+        outcomes[way] = {tuple(s["lib"] for s in r["sequence"]): r["outcome"] for r in records}
+    assert outcomes["fast"] == outcomes["cold"]
+    assert {pair: outcome for pair, outcome in outcomes["cold"].items() if outcome != "clean"} == {
+        pair: "timeout" for pair in outcomes["cold"] if "libneeds_slow.so" in pair}

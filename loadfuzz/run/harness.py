@@ -105,11 +105,12 @@ class HarnessDied(RuntimeError):
 
 @dataclass(frozen=True)
 class SharedPrefix:
-    """Steps a row server has taken, and what they printed."""
+    """Steps a row server has taken, what they printed, and how long they took."""
 
     steps: tuple[HarnessStep, ...]
     output: bytes
     output_bytes: int
+    took_s: float = 0.0
 
 
 class Harness:
@@ -137,6 +138,8 @@ class Harness:
         self._ctl, self._status = ctl_w, st_r
         self._buffer = b""
         self.preload_output = b""  # what the preloads printed: it opens every trial's output
+        self.preload_s = 0.0  # how long the server took to start, when it preloads anything
+        began = time.monotonic()
         printed = tempfile.TemporaryFile()  # noqa: SIM115 (the server's stdout and stderr; closed below)
         try:
             self.proc = subprocess.Popen(
@@ -162,6 +165,7 @@ class Harness:
             with printed:
                 self._greeting()
                 self.preload_output = read_bounded(printed)
+            self.preload_s = time.monotonic() - began if self.preload else 0.0
             pipes = {ctl_r: ctl_w, st_w: st_r}
             if self.preload and (why := unforkable(self.proc.pid, self.scratch, pipes)):
                 raise HarnessDied(f"after its preloads the server {why}")
@@ -268,8 +272,9 @@ class Harness:
 
     def _open_row(self, prefix: Sequence[HarnessStep], hidden: Sequence[HarnessStep],
                   limits: Limits, workdir: Path) -> SharedPrefix | None:
+        began = time.monotonic()
         self._send(b"PREFIX", [*prefix, *hidden], limits, workdir)
-        deadline = time.monotonic() + (len(prefix) + len(hidden)) * limits.timeout_s + MARGIN_S
+        deadline = began + (len(prefix) + len(hidden)) * limits.timeout_s + MARGIN_S
         fields = self._read_line(deadline).split()
         if fields[:1] == [b"NO-ROW"] and len(fields) == 2:
             why = self._read_exact(int(fields[1]), deadline)
@@ -279,8 +284,8 @@ class Harness:
             raise HarnessDied(f"unexpected answer from the harness: {fields!r}")
         total, head_len, tail_len = (int(f) for f in fields[2:])
         self.unshared = ""
-        return SharedPrefix(tuple(prefix), self._read_output(total, head_len, tail_len, deadline),
-                            total)
+        output = self._read_output(total, head_len, tail_len, deadline)
+        return SharedPrefix(tuple(prefix), output, total, time.monotonic() - began)
 
     @contextlib.contextmanager
     def sharing(self, prefix: Sequence[HarnessStep], limits: Limits,
@@ -384,6 +389,13 @@ class Harness:
             peak_rss_mb=maxrss_kb / 1024,
             leftovers=leftovers,
         )
+
+    @property
+    def spared_s(self) -> float:
+        """The time a trial forked now does not spend that its cold run spends within its
+        time limits: the preload's, and the row's prefix's (at most: both are measured from
+        here, with the harness's own start and the pipes' round trips)."""
+        return self.preload_s + (self.shared.took_s if self.shared else 0.0)
 
     @property
     def alive(self) -> bool:

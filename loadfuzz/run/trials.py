@@ -231,6 +231,14 @@ class Trials:
         except HarnessDied:
             return None
 
+    def _in_time(self, fast: TrialRecord, spared_s: float) -> TrialRecord:
+        """A clean fast trial, unless it came so close to its time limit that the time its
+        server spared it (a preload, a row's first step: the cold run spends it in its steps)
+        could have taken it past: then its cold run decides."""
+        if fast.clean and fast.duration_s + spared_s >= self.limits.timeout_s:
+            return self.run_cold(fast.sequence)
+        return fast
+
     def _cold_for(self, seq: Sequence, fast: TrialRecord) -> TrialRecord:
         """The cold run that confirms a fast finding (or not), explained. The loader reports on
         it; should that run end otherwise, a plain cold run decides."""
@@ -300,12 +308,12 @@ class Trials:
             if server is None:
                 continue
             try:
-                fast = self._fast(seq, "fork-server", server)
+                fast, spared_s = self._fast(seq, "fork-server", server), server.spared_s
             finally:  # back to the pool, which closes it if it died
                 self.pool.give_back(preload, server)
             if fast is None:  # it died under the trial: the cold path decides
                 return self.run_cold(seq)
-            return self._confirm(fast)
+            return self._confirm(self._in_time(fast, spared_s))
         return self.run_cold(seq)
 
     def row_key(self, seq: Sequence) -> Route | None:
@@ -358,7 +366,8 @@ class Trials:
                     evidence = next(results)
                 except HarnessDied:  # the server died: the rest go the usual way
                     return
-                record = self._confirm(self._as_record(seq, evidence, "shared prefix"))
+                record = self._confirm(self._in_time(self._as_record(seq, evidence, "shared prefix"),
+                                                     server.spared_s))
                 left.pop(0)
                 yield record
 
