@@ -244,6 +244,7 @@ def unpack_wheel(wheel: Path) -> tuple[Path, str, str | None]:
         folder, owner = scratch.held(wheels, UNPACKING)
         try:
             extract_safely(wheel, folder)
+            dist_info(wheel, folder)  # no wheel is kept in the cache that is not one
             try:
                 os.rename(folder, final)
             except OSError:
@@ -252,12 +253,17 @@ def unpack_wheel(wheel: Path) -> tuple[Path, str, str | None]:
         finally:
             shutil.rmtree(folder, ignore_errors=True)
             os.close(owner)
-    info = sorted(p.name for p in final.iterdir() if p.name.endswith(".dist-info"))
-    if not info:
-        raise UsageError(f"{wheel}: not a wheel (no .dist-info folder inside)")
-    name, _, version = info[0].removesuffix(".dist-info").partition("-")
+    name, _, version = dist_info(wheel, final).removesuffix(".dist-info").partition("-")
     top_level = {p.name for p in final.iterdir() if not p.name.endswith((".dist-info", ".data"))}
     return package_root(final, top_level), name, version or None
+
+
+def dist_info(wheel: Path, unpacked: Path) -> str:
+    """The name of the unpacked wheel's .dist-info folder (the first, sorted)."""
+    info = sorted(p.name for p in unpacked.iterdir() if p.name.endswith(".dist-info"))
+    if not info:
+        raise UsageError(f"{wheel}: not a wheel (no .dist-info folder inside)")
+    return info[0]
 
 
 def extract_safely(wheel: Path, into: Path) -> None:
