@@ -156,13 +156,12 @@ class Process:
         SONAME, the names a later NEEDED entry finds it by, as ld.so keeps them; never its file
         name: a library opened by its path is found again only by its SONAME, or as the same
         file on disk."""
-        files, here = self.inv.link_map.files, {obj.identity for obj in order}
+        here = {obj.identity for obj in order}
         names: dict[tuple[int, int], list[str]] = {}
         for parent in order:
             for name in parent.needed:
                 # (the file it leads to in this process: which, can depend on who loaded parent)
-                for found in {files[path].identity for path in
-                              self.inv.link_map.leads_to(parent, name)} & here:
+                for found in {obj.identity for obj in self.inv.link_map.held(parent, name, here)}:
                     names.setdefault(found, []).append(name)
         return names
 
@@ -181,9 +180,8 @@ class Process:
         def visit(obj: ElfFacts) -> None:
             seen.add(obj.identity)
             for name in obj.needed:
-                found = sorted(path for path in link_map.leads_to(obj, name)
-                               if link_map.files[path].identity in here)
-                dep = here[link_map.files[found[0]].identity] if found else self.by_name.get(name)
+                found = link_map.held(obj, name, here)
+                dep = here[found[0].identity] if found else self.by_name.get(name)
                 if dep is not None and dep.identity in pending and dep.identity not in seen:
                     visit(dep)
             done.append(obj)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import glob
 import os
 import sysconfig
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -204,6 +204,12 @@ class LinkMap:
         if (default := self.links.get((obj.path, name))) is not None:
             found.add(default)
         return found
+
+    def held(self, obj: ElfFacts, name: str, here: Container[object]) -> list[ElfFacts]:
+        """The files of `leads_to` that a process holding `here` (identities) holds, in path
+        order: the one a NEEDED name of `obj` found there."""
+        return [self.files[path] for path in sorted(self.leads_to(obj, name))
+                if self.files[path].identity in here]
 
     def search_list(self, root: ElfFacts, loaded: Mapping[str, ElfFacts] | None = None,
                     ) -> tuple[list[ElfFacts], list[str]]:
