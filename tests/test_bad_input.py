@@ -21,6 +21,9 @@ def unknown_key(folder):
     return path
 
 
+TOO_LONG = "a name longer than a file system allows"
+
+
 def text_so(folder):
     path = folder / "libtext.so"
     path.write_text("hello\n")
@@ -110,6 +113,16 @@ CASES = {
                                          "99999999999999999999"], "at most 4096"),
     "resume of a garbled campaign": (lambda f: ["matrix", "executorch", "--resume", "--out",
                                                 garbled_campaign(f)], "line 1 is not a trial"),
+    # no file system holds a name of 300 bytes: stat() says ENAMETOOLONG, which was exit 3
+    "target name too long": (lambda f: ["matrix", f / ("x" * 300)], TOO_LONG),
+    "scan target name too long": (lambda f: ["scan", f / ("x" * 300)], TOO_LONG),
+    "run step name too long": (lambda f: ["run", f / ("x" * 300 + ".so")], TOO_LONG),
+    "out name too long": (lambda f: ["matrix", QUANTIZED, "--out", f / ("x" * 300)],
+                          f"argument --out: {TOO_LONG}"),
+    "db name too long": (lambda f: ["fuzz", QUANTIZED, "--db", f / ("x" * 300)],
+                         f"argument --db: {TOO_LONG}"),
+    "merge folder name too long": (lambda f: ["merge", f / ("x" * 300), "--out", f / "merged"],
+                                   f"argument DIR: {TOO_LONG}"),
 }
 
 

@@ -451,6 +451,26 @@ def test_a_line_from_python_logging_or_syslog_is_read_without_the_logger_prefix(
     assert json.loads(done.stdout)["reproduced"] is True
 
 
+def test_a_line_copied_from_pytest_s_failure_is_read_without_its_e_mark(tmp_path):
+    # "E   what(): ..." was looked for with its mark, which no trial prints: not reproduced
+    assert read_message(f"E   {WHAT}").text == WHAT
+    log = f"    def test_load():\n>       load()\nE       {WHAT}\n\ntests/test_x.py:3: Error\n"
+    assert read_message(log).text == WHAT
+    assert read_message("E 00:00:01.634411 executorch:x.cpp:102] fatal: table").needle == (
+        "fatal: table")
+    library_saying(tmp_path / "libs", "terminate")
+    done = loadfuzz("repro", f"E   {WHAT}", tmp_path / "libs", "--out", tmp_path / "out")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_message_longer_than_a_file_name_can_be_is_read_as_a_message(tmp_path):
+    # it was looked for as a file first: ENAMETOOLONG, exit 3
+    message = f"E   RuntimeError: {WHAT} " + "x" * 300
+    library_saying(tmp_path / "libs", "terminate")
+    done = loadfuzz("repro", message, tmp_path / "libs", "--out", tmp_path / "out")
+    assert done.returncode == 1 and "not reproduced" in done.stdout, done.stdout + done.stderr
+
+
 def test_in_a_python_log_the_line_logged_as_an_error_is_the_message():
     log = ("2026-12-05 04:12:01,000 - app - INFO - loading the handlers\n"
            f"2026-12-05 04:12:02,124 - app - ERROR - {WHAT}\n"

@@ -112,6 +112,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + signal.SIGPIPE
     except Exception as exc:  # loadfuzz could not finish: never to be read as a finding
         cause = exc.__cause__ if isinstance(exc, CouldNotFinish) and exc.__cause__ else exc
+        if isinstance(cause, OSError) and cause.errno == errno.ENAMETOOLONG:
+            # only a name the user gave is that long (a target, a step's library): bad input
+            name = str(cause.filename or "")
+            print(f"loadfuzz: a name longer than a file system allows: {name[:60]!r}...",
+                  file=sys.stderr)
+            return 2
         folder = exc.folder if isinstance(exc, CouldNotFinish) else None
         what = exc.what if isinstance(exc, CouldNotFinish) and exc.what else one_line(cause)
         log = log_failure(cause, folder)

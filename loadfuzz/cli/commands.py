@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loadfuzz.cli import printing
+from loadfuzz.cli.parser import too_long
 from loadfuzz.cli.printing import Progress
 from loadfuzz.model import Outcome, UsageError
 from loadfuzz.report.view import visible
@@ -232,7 +233,8 @@ def message_of(args: argparse.Namespace) -> tuple[str, list[str]]:
         if not args.words:
             raise UsageError("give either a MESSAGE or --log FILE")
         if args.words[0] != "-":
-            if Path(args.words[0]).is_file():  # `repro crash.log TARGET`: looked for as text
+            if not too_long(args.words[0]) and Path(args.words[0]).is_file():
+                # `repro crash.log TARGET`: looked for as text
                 raise UsageError(f"the message {args.words[0]!r} names a file: to read a log, "
                                  f"give --log {args.words[0]}")
             return args.words[0], args.words[1:]

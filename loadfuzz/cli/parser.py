@@ -6,6 +6,7 @@ A usage error is one line and exit status 2 (`Parser.error` raises UsageError).
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from pathlib import Path
 
@@ -111,10 +112,21 @@ def jobs(text: str) -> int:
 
 def a_path(text: str) -> Path:
     """A file's or a folder's path; an empty word is refused (Path('') would be the working
-    folder)."""
+    folder), and so is one no file system takes (see `too_long`)."""
     if not text.strip():
         raise argparse.ArgumentTypeError("an empty path")
+    if too_long(text):
+        raise argparse.ArgumentTypeError(f"a name longer than a file system allows: {text[:60]!r}...")
     return Path(text)
+
+
+NAME_MAX, PATH_MAX = 255, 4096  # Linux's limits, in bytes: of one name, and of a whole path
+
+
+def too_long(text: str) -> bool:
+    """Whether no Linux file system could hold this path (ENAMETOOLONG)."""
+    encoded = os.fsencode(text)
+    return len(encoded) >= PATH_MAX or any(len(part) > NAME_MAX for part in encoded.split(b"/"))
 
 
 def megabytes(text: str) -> int:

@@ -63,6 +63,9 @@ LOGGER = re.compile(r"^(?:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[,.]\d+)? - \S+ - (?P
                     r"|(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ [^\s:\[]+(?:\[\d+\])?"
                     rf"|{ISO_TIME} \S+ [^\s:\[]+\[\d+\]): )")
 SERIOUS = ("ERROR", "CRITICAL", "FATAL")  # a logger's levels that make a line telling
+# pytest's mark of the lines of a failure's exception (`E   RuntimeError: ...`): an error too.
+# At least 3 spaces: ExecuTorch's `E 00:00:01.634411 executorch:x.cpp:102] ` has one.
+PYTEST_ERROR = re.compile(r"^E {3,}(?=\S)")
 # A line quoted whole, as copied into an issue or a chat: 'undefined symbol: x'.
 QUOTED = re.compile(r"""^[^\S\n]*(['"`])(.*)\1[^\S\n]*$""", re.MULTILINE)
 # What a shell or CPython's faulthandler prints for a process a signal killed, which names no
@@ -154,12 +157,14 @@ def needle_of(line: str) -> str:
 
 
 def unprefixed(line: str) -> tuple[str, bool]:
-    """A line without the time stamp a CI log, or the prefix a logger, put in front of it (or
-    both), and whether that logger called it an error."""
+    """A line without the time stamp a CI log, or the prefix a logger or pytest, put in front
+    of it (or both), and whether that logger called it an error."""
     serious, line = False, QUOTED.sub(r"\2", line)
     while True:
         if logged := LOGGER.match(line):
             serious = serious or logged["level"] in SERIOUS
+        elif logged := PYTEST_ERROR.match(line):
+            serious = True
         elif not (logged := TIME_STAMP.match(line)):
             return QUOTED.sub(r"\2", line), serious
         line = line[logged.end():]
