@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 import zipfile
+from dataclasses import replace
 
 import hypothesis
 import psutil
@@ -226,6 +227,30 @@ def test_simplify_leads_to_the_fewest_steps_each_loaded_local_when_that_still_fa
     minimal = simplify(fake_run(seq), fake_run, options)
     assert [(s.lib, s.flags) for s in minimal.sequence] == [("A", Flags.LOCAL),
                                                             ("B", Flags.LOCAL)]
+
+
+def test_a_failure_both_orders_have_ends_as_one_record_whichever_order_was_found_first():
+    # a nightly job found the plugin-first order one night and the other order the next:
+    # its junit test case changed name though nothing had changed
+    options = fake_options()
+    by = {(o.lib, o.flags): o for o in options}
+
+    def either_order(seq):  # A and B in one process fail, whichever comes first
+        names = [s.lib for s in seq]
+        fails = {"A", "B"} <= set(names)
+        step = max(names.index("A"), names.index("B")) if fails else None
+        return replace(fake_run(seq), outcome=Outcome.REREGISTER if fails else Outcome.CLEAN,
+                       step=step, signature="executorch-reregister" if fails else None,
+                       op="x::y.out" if fails else None)
+
+    for found in ((by["B", Flags.GLOBAL], by["A", Flags.GLOBAL]),
+                  (by["A", Flags.GLOBAL], by["C", Flags.LOCAL], by["B", Flags.LOCAL])):
+        minimal = simplify(either_order(found), either_order, options)
+        assert [(s.lib, s.flags) for s in minimal.sequence] == [("A", Flags.LOCAL),
+                                                                ("B", Flags.LOCAL)]
+    # where only one order fails, the swap is tried and not taken
+    minimal = simplify(fake_run((by["A", Flags.GLOBAL], by["B", Flags.GLOBAL])), fake_run, options)
+    assert [s.lib for s in minimal.sequence] == ["A", "B"]
 
 
 class Memory:

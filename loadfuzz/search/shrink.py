@@ -48,8 +48,12 @@ def simplify(record: TrialRecord, run: Callable[[Steps], TrialRecord | None],
              keeps: Callable[[TrialRecord], bool] = lambda _: True) -> TrialRecord:
     """Greedy shrink to a fixpoint, keeping (outcome, signature, op), and what `keeps` asks
     (repro: the message): cut the steps after the failing one, drop steps, load a library an
-    earlier way (`local` before `global`). A candidate `run` does not try (None: no time
-    left) is passed over."""
+    earlier way (`local` before `global`), swap two steps to put the earlier option first
+    (so a failure both orders of a pair have ends as the same record, whichever order was
+    found first). A candidate `run` does not try (None: no time left) is passed over."""
+
+    def rank(step: Step) -> int:
+        return options.index(step) if step in options else len(options)
 
     def same(candidate: TrialRecord | None) -> bool:
         return candidate is not None and (candidate.outcome, candidate.signature,
@@ -69,6 +73,8 @@ def simplify(record: TrialRecord, run: Callable[[Steps], TrialRecord | None],
             simpler = [o for o in options[:options.index(current)]
                        if o.lib == current.lib] if current in options else []
             candidates += [(*seq[:i], o, *seq[i + 1:]) for o in simpler]
+        candidates += [(*seq[:i], seq[i + 1], seq[i], *seq[i + 2:]) for i in range(len(seq) - 1)
+                       if rank(seq[i + 1]) < rank(seq[i])]
         for candidate in candidates:
             tried = run(candidate)
             if tried is not None and same(tried):
