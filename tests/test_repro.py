@@ -64,6 +64,8 @@ def test_a_crash_line_that_names_no_message_is_reproduced_by_its_signal(line, tm
     result = json.loads(done.stdout)
     assert done.returncode == 0 and result["reproduced"], done.stderr
     assert result["record"]["signal"] == signal.SIGSEGV
+    said = loadfuzz("repro", line, libs, "--out", tmp_path / "again")
+    assert "[killed by SIGSEGV]" in said.stdout.splitlines()[0]  # not "an unknown line"
 
 
 def test_a_shells_killed_line_is_reproduced_by_a_library_that_hangs(tmp_path):

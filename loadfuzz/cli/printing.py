@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -188,7 +189,9 @@ def baseline_line(baseline: dict) -> str:
 
 
 def print_repro(result: dict, inv: Inventory) -> None:
-    what = f"{result['signature']} {result['op']}" if result["signature"] else "an unknown line"
+    what = (f"{result['signature']} {result['op']}" if result["signature"]
+            else f"killed by {signal.Signals(result['signal']).name}" if result.get("signal")
+            else "an unknown line")
     say(f"message: {result['message']}  [{what}]")
     if not result["candidates"]:
         say(f"not reproduced: no library of {inv.target} carries {result['op']}")
