@@ -177,10 +177,28 @@ class ResultsFolder:
 
 
 def taken_message(out: Path, resumable: bool) -> str:
-    """Why `out` cannot take a new campaign; --resume offered where there is one to continue."""
+    """Why `out` cannot take a new campaign; --resume offered where there is one to continue
+    (not while a campaign still runs there: it would be refused as well)."""
     if not (out / "trials.jsonl").exists():
         return f"{out} holds other files (no campaign's): pass another --out"
+    if in_use(out):
+        return f"{out} is in use by another campaign: wait for it, or pass another --out"
     return f"{out} already holds results: pass {'--resume or ' if resumable else ''}another --out"
+
+
+def in_use(out: Path) -> bool:
+    """Whether a running campaign holds `out` (its lock file; nothing is written to see)."""
+    try:
+        fd = os.open(out / LOCK, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def check_out(out: Path, resume: bool, resumable: bool = True) -> None:

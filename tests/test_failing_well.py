@@ -347,6 +347,20 @@ def test_checking_an_out_folder_never_removes_a_folder_by_that_name(tmp_path):
     assert sorted(tmp_path.iterdir()) == []  # and left nothing behind
 
 
+def test_a_folder_a_running_campaign_holds_is_said_to_be_in_use_not_offered_to_resume(tmp_path):
+    # "already holds results: pass --resume" sent the user to a --resume that was refused too
+    out = tmp_path / "out"
+    words = ["matrix", CORPUS, "--select", "libcz_pair_*", "--flags", "global", "--out", out]
+    assert loadfuzz(*words).returncode == 1
+    with (out / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the campaign still running there
+        held = loadfuzz(*words)
+    assert held.returncode == 2 and "in use by another campaign" in held.stderr, held.stderr
+    assert "--resume" not in held.stderr
+    free = loadfuzz(*words)
+    assert free.returncode == 2 and "pass --resume or another --out" in free.stderr
+
+
 def test_two_campaigns_started_at_once_on_one_folder_refuse_the_second(tmp_path):
     out = tmp_path / "out"
     args = [str(LOADFUZZ), "matrix", str(CORPUS), "--flags", "global", "--out", str(out)]
