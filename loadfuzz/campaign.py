@@ -11,6 +11,7 @@ expectations and nothing else. `run_matrix` is the matrix command's whole job.
 from __future__ import annotations
 
 import contextlib
+import os
 import shlex
 import time
 from collections.abc import Iterable, Sequence
@@ -83,14 +84,27 @@ class Prepared:
         if self.command != "matrix":
             return None
         words, typed = [], list(self.settings.invocation or (self.command, self.inv.target))
+        targets = set(self.settings.target.targets)
         while typed:
             word = typed.pop(0)
             if word == "--out" and typed:
                 typed.pop(0)
+            elif word in PATH_OPTIONS and typed:
+                words += [word, os.path.abspath(typed.pop(0))]
+            elif word.partition("=")[0] in PATH_OPTIONS:
+                option, _, value = word.partition("=")
+                words.append(f"{option}={os.path.abspath(value)}")
+            elif word in targets and not word.startswith("-") and Path(word).exists():
+                words.append(os.path.abspath(word))  # a target given by its relative path
             elif word != "--resume" and not word.startswith("--out="):
                 words.append(word)
-        # loadfuzz as its repro commands call it: a CI job may not have it on PATH
-        return shlex.join([*loadfuzz_command(), *words, "--resume", "--out", str(self.out)])
+        # loadfuzz as its repro commands call it: a CI job may not have it on PATH; every path
+        # absolute, so that it runs from any folder
+        return shlex.join([*loadfuzz_command(), *words, "--resume", "--out",
+                           os.path.abspath(self.out)])
+
+
+PATH_OPTIONS = ("--add", "--expect", "--baseline")  # matrix's options whose value is a path
 
 
 def prepare(settings: CampaignSettings, command: str, suffix: str = "",

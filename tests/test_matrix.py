@@ -13,6 +13,7 @@ the one `lib/libexecutorch.so`, so `local` does not help): 2 x 2 x 2 = 8.
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -120,6 +121,25 @@ def resume_and_check(out):
     keys = [json.dumps(json.loads(line)["sequence"]) for line in lines]
     assert len(keys) == len(set(keys)) == PAIRS_WITH_PLUGIN
     assert len(json.loads(done.stdout)["findings"]) == 8
+
+
+def test_the_resume_command_of_a_campaign_given_relative_paths_runs_from_any_folder(tmp_path):
+    # `--expect exp.toml` stayed relative: the printed command failed from another folder
+    shutil.copy(LEGACY_PLUGIN, tmp_path / "plugin.so")
+    (tmp_path / "exp.toml").write_text("")
+    campaign = subprocess.Popen(
+        [str(LOADFUZZ), "matrix", "executorch", "--add", "plugin.so", "--expect=exp.toml",
+         "--out", "out"], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True)
+    wait_for_lines(tmp_path / "out" / "trials.jsonl", 50, campaign)
+    campaign.send_signal(signal.SIGINT)
+    assert campaign.wait(timeout=60) == 130, campaign.stderr.read()
+    words = shlex.split(json.loads((tmp_path / "out" / "summary.json").read_text())["resume"])
+    assert words[words.index("matrix"):] == [
+        "matrix", "executorch", "--add", str(tmp_path / "plugin.so"),
+        f"--expect={tmp_path / 'exp.toml'}", "--resume", "--out", str(tmp_path / "out")]
+    resumed = subprocess.run(words, cwd="/", capture_output=True, text=True, timeout=600)
+    assert resumed.returncode in (0, 1), resumed.stderr
 
 
 @pytest.mark.parametrize(("how", "times"), [(signal.SIGINT, 1), (signal.SIGTERM, 1),
