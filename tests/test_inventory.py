@@ -218,23 +218,17 @@ def test_a_corrupt_wheel_is_bad_input(tmp_path, monkeypatch):
         inventory.load_target(str(wheel))
 
 
-def test_a_zip_without_a_dist_info_folder_is_not_a_wheel_and_stays_out_of_the_cache(
-        tmp_path, monkeypatch):
+@pytest.mark.parametrize(("entry", "why"), [
+    ("plain/libplain.so", "not a wheel"),  # a zip with no .dist-info folder
+    ("evil/../../escaped.so", "unsafe entry"),  # an entry that climbs out of the folder
+])
+def test_a_refused_wheel_writes_nothing_outside_and_leaves_nothing_in_the_cache(
+        tmp_path, monkeypatch, entry, why):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    wheel = tmp_path / "plain-1.0-py3-none-any.whl"
+    wheel = tmp_path / "demo-1.0-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as archive:
-        archive.writestr("plain/libplain.so", b"\x7fELF")
-    with pytest.raises(UsageError, match="not a wheel"):
-        inventory.load_target(str(wheel))
-    assert not list((tmp_path / "cache" / "loadfuzz" / "wheels").iterdir())
-
-
-def test_a_wheel_whose_entry_climbs_out_is_refused_and_writes_nothing_outside(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    wheel = tmp_path / "evil-1.0-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as archive:
-        archive.writestr("evil/../../escaped.so", b"\x7fELF")
-    with pytest.raises(UsageError, match="unsafe entry"):
+        archive.writestr(entry, b"\x7fELF")
+    with pytest.raises(UsageError, match=why):
         inventory.load_target(str(wheel))
     assert not (tmp_path / "escaped.so").exists()
     assert not (tmp_path / "cache" / "escaped.so").exists()
