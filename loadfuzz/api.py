@@ -60,6 +60,8 @@ def run_load_order(target: str | Path | None, *steps: str | Path,
     extra = tuple(add) if isinstance(add, Iterable) and not isinstance(add, str) else None
     if extra is None or not all(isinstance(p, str | Path) for p in extra):
         raise UsageError(f"add is a list of library paths, not {add!r}")
+    if any(isinstance(p, str) and not p.strip() for p in extra):  # Path("") is the working folder
+        raise UsageError("add: an empty path")
     if not isinstance(flags, str):
         raise UsageError(f"flags is a mode's name (global, local or python), not {flags!r}")
     if isinstance(timeout, bool) or not isinstance(timeout, int | float):

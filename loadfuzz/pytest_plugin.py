@@ -80,6 +80,8 @@ class PairCheck:
             expect = option("loadfuzz_expect")
             if expect == "":
                 raise UsageError("--loadfuzz-expect: an empty path")
+            if any(not add.strip() for add in option("loadfuzz_add")):  # Path("") would be "."
+                raise UsageError("--loadfuzz-add: an empty path")
             settings = CampaignSettings(
                 TargetSpec((option("loadfuzz"),), tuple(Path(p) for p in option("loadfuzz_add")),
                            tuple(option("loadfuzz_select"))),
@@ -198,10 +200,11 @@ class Pairs(pytest.Collector):
 
 
 def pair_id(seq: Sequence) -> str:
-    """`<first id> -> <second id> @ <flags>`: how people spell a load order."""
-    from loadfuzz.spelling import spell_sequence
-
-    return spell_sequence(step.to_json() for step in seq)
+    """`<first id> -> <second id> @ <flags>`: how people spell a load order, and the name
+    `matrix` gives the pair's junit test case, whatever way each step loads its library (a
+    Python extension module is imported under `python`)."""
+    first, second = seq
+    return f"{first.lib} -> {second.lib} @ {first.flags.value}"
 
 
 class PairItem(pytest.Item):

@@ -146,6 +146,18 @@ def test_pairs_are_collected_in_one_order_with_ids_first_then_second_at_flags(pr
     ]
 
 
+def test_a_pair_with_an_extension_module_is_named_at_python_as_matrix_names_it(project):
+    # an extension module is imported under `python` (a `py:` step): the id was
+    # `python:a -> python:b`, with no `@ python`, unlike matrix's junit name for the pair
+    extension = "extension/pybindings/data_loader.cpython-311-x86_64-linux-gnu.so"
+    args = target_args("--loadfuzz-select", KQ_ID, "--loadfuzz-select", extension,
+                       "--loadfuzz-flags", "python", "--collect-only", "-q")
+    ids = [line for line in pytest_in(project, *args).stdout.splitlines()
+           if line.startswith("loadfuzz::")]
+    assert ids == [f"loadfuzz::{extension} -> {KQ_ID} @ python",
+                   f"loadfuzz::{KQ_ID} -> {extension} @ python"]
+
+
 def test_local_flags_and_a_selection_run_beside_the_project_own_tests(project, tmp_path):
     for name in ("build", "executorch.toml"):
         os.symlink(project / name, tmp_path / name)
@@ -198,6 +210,8 @@ def test_a_missing_python_module_is_skipped_as_a_problem_of_the_environment_as_m
     (["--loadfuzz", "executorch", "--loadfuzz-select", KQ_ID], "a pair needs two"),
     # a CI job's `--loadfuzz="$TARGET"` whose variable is unset: not a green run of nothing
     (["--loadfuzz="], "a target is empty"),
+    # Path("") is the working folder: "--loadfuzz-add .: a folder, not a library"
+    (["--loadfuzz", "executorch", "--loadfuzz-add="], "--loadfuzz-add: an empty path"),
     (["--loadfuzz=executorch", "--loadfuzz-expect="], "--loadfuzz-expect: an empty path"),
 ])
 def test_bad_input_is_a_one_line_usage_error_before_any_worker_starts(tmp_path, args, message):
@@ -275,6 +289,7 @@ def test_run_load_order_names_a_target_file_by_its_id_however_it_was_given():
     # the wrong types say which argument, not a KeyError or "--add /: no such file"
     ((KQ_ID,), {"add": str(LEGACY_PLUGIN)}, "add is a list of library paths"),
     ((KQ_ID,), {"add": [None]}, "add is a list of library paths"),
+    ((KQ_ID,), {"add": [""]}, "add: an empty path"),
     ((KQ_ID,), {"flags": None}, "flags is a mode's name"),
     ((KQ_ID,), {"timeout": "10"}, "timeout is a number of seconds"),
     ((KQ_ID,), {"timeout": True}, "timeout is a number of seconds"),
