@@ -62,6 +62,9 @@ def run_load_order(target: str | Path | None, *steps: str | Path,
         raise UsageError(f"add is a list of library paths, not {add!r}")
     if any(isinstance(p, str) and not p.strip() for p in extra):  # Path("") is the working folder
         raise UsageError("add: an empty path")
+    if extra and target is None:  # (it would be ignored: the steps are paths already)
+        raise UsageError("add names extra libraries of a target: give the target, or the "
+                         "libraries as steps")
     if not isinstance(flags, str):
         raise UsageError(f"flags is a mode's name (global, local or python), not {flags!r}")
     if isinstance(timeout, bool) or not isinstance(timeout, int | float):

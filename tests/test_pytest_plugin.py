@@ -297,3 +297,8 @@ def test_run_load_order_names_a_target_file_by_its_id_however_it_was_given():
 def test_run_load_order_rejects_bad_input_with_a_usage_error_that_says_what(steps, options, says):
     with pytest.raises(UsageError, match=re.escape(says)):
         run_load_order("executorch", *steps, **options)
+
+
+def test_run_load_order_without_a_target_refuses_add_rather_than_ignore_it():
+    with pytest.raises(UsageError, match="add names extra libraries of a target"):
+        run_load_order(None, QUANTIZED, add=[LEGACY_PLUGIN])
