@@ -17,7 +17,7 @@ from pathlib import Path
 
 from loadfuzz import hostenv
 from loadfuzz.cli.commands import COMMANDS, CouldNotFinish
-from loadfuzz.cli.parser import build_parser
+from loadfuzz.cli.parser import build_parser, too_long_message
 from loadfuzz.model import Stopped, UsageError
 
 COULD_NOT_FINISH = 3
@@ -114,9 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cause = exc.__cause__ if isinstance(exc, CouldNotFinish) and exc.__cause__ else exc
         if isinstance(cause, OSError) and cause.errno == errno.ENAMETOOLONG:
             # only a name the user gave is that long (a target, a step's library): bad input
-            name = str(cause.filename or "")
-            print(f"loadfuzz: a name longer than a file system allows: {name[:60]!r}...",
-                  file=sys.stderr)
+            print(f"loadfuzz: {too_long_message(str(cause.filename or ''))}", file=sys.stderr)
             return 2
         folder = exc.folder if isinstance(exc, CouldNotFinish) else None
         what = exc.what if isinstance(exc, CouldNotFinish) and exc.what else one_line(cause)

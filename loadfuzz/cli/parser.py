@@ -116,11 +116,15 @@ def a_path(text: str) -> Path:
     if not text.strip():
         raise argparse.ArgumentTypeError("an empty path")
     if too_long(text):
-        raise argparse.ArgumentTypeError(f"a name longer than a file system allows: {text[:60]!r}...")
+        raise argparse.ArgumentTypeError(too_long_message(text))
     return Path(text)
 
 
 NAME_MAX, PATH_MAX = 255, 4096  # Linux's limits, in bytes: of one name, and of a whole path
+
+
+def too_long_message(text: str) -> str:
+    return f"a name longer than a file system allows: {text[:60]!r}..."
 
 
 def too_long(text: str) -> bool:

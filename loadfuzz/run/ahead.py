@@ -7,8 +7,9 @@ each campaign command remembers the preloads its trials took, in the derived
 cache (`derived.DerivedCache`), under the words that decide them: the command,
 the targets, `--add`, `--select`, `--exclude`, `--env`, `--flags`,
 `--shard` and `--mem` (under a ceiling of the user's own nothing is
-preloaded, see `Trials.route_of`). The next run of the same command starts those servers first
-(the slowest first), on a guess, while it reads the inventory.
+preloaded, see `Trials.route_of`). The next run of the same command starts
+those servers first (the slowest first), on a guess, while it reads the
+inventory.
 
 A guess decides nothing: a trial still asks the pool for the preload its
 route names, and a server started on a guess serves only trials that ask for
