@@ -20,7 +20,12 @@ from loadfuzz.model import Step, TrialRecord
 
 def simplicity(seq: Steps, options: Sequence[Step]) -> tuple:
     """Shortlex order: fewer steps first, then earlier options (earlier library, local)."""
-    return (len(seq), [options.index(s) if s in options else len(options) for s in seq])
+    return (len(seq), [rank(step, options) for step in seq])
+
+
+def rank(step: Step, options: Sequence[Step]) -> int:
+    """Where a step comes among the options (after all of them, when it is none)."""
+    return options.index(step) if step in options else len(options)
 
 
 @dataclass(frozen=True)
@@ -52,9 +57,6 @@ def simplify(record: TrialRecord, run: Callable[[Steps], TrialRecord | None],
     (so a failure both orders of a pair have ends as the same record, whichever order was
     found first). A candidate `run` does not try (None: no time left) is passed over."""
 
-    def rank(step: Step) -> int:
-        return options.index(step) if step in options else len(options)
-
     def same(candidate: TrialRecord | None) -> bool:
         return candidate is not None and (candidate.outcome, candidate.signature,
                                           candidate.op) == (record.outcome, record.signature,
@@ -74,7 +76,7 @@ def simplify(record: TrialRecord, run: Callable[[Steps], TrialRecord | None],
                        if o.lib == current.lib] if current in options else []
             candidates += [(*seq[:i], o, *seq[i + 1:]) for o in simpler]
         candidates += [(*seq[:i], seq[i + 1], seq[i], *seq[i + 2:]) for i in range(len(seq) - 1)
-                       if rank(seq[i + 1]) < rank(seq[i])]
+                       if rank(seq[i + 1], options) < rank(seq[i], options)]
         for candidate in candidates:
             tried = run(candidate)
             if tried is not None and same(tried):
