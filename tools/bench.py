@@ -316,12 +316,12 @@ class Bench:
             f"(its summary; {len(records) / lf_s:.1f} over the whole {lf_s:.1f} s command, exit {status})  "
             f"plain {plain_rate:.1f} trials/s ({ran} of its trials in {plain_s:.1f} s)  "
             f"loadfuzz/plain {rate / plain_rate:.1f}x")
-        self.fuzz_ceiling(records, plain_rate)
+        self.fuzz_ceiling(records, summary, plain_rate)
         self.summary.append((f"fuzz executorch {budget}", f"{rate:.1f} trials/s",
                              f"{plain_rate:.1f} trials/s", f"{rate / plain_rate:.1f}x",
                              f"command {lf_s:.0f} s for a {budget} budget"))
 
-    def fuzz_ceiling(self, records: list[dict], plain_rate: float) -> None:
+    def fuzz_ceiling(self, records: list[dict], summary: dict, plain_rate: float) -> None:
         """Where a fuzz campaign's trial time goes: in the trials with a Python step, which
         imports what the step imports (torch: 1.5 s) in the trial itself, as CPython does,
         unless the step comes first and imports torch first (`run/warm.py`). With every other
@@ -336,6 +336,14 @@ class Bench:
         say(f"    where the time goes: {len(slow)} of {len(records)} trials have a Python step, "
             f"{slow_s:.1f} of the {total_s:.1f} s their trials took; were every other trial "
             f"free, at most {ceiling:.1f} trials/s = {ceiling / plain_rate:.1f}x the plain way")
+        # a step that fails by itself in this environment (a Python module it needs is not
+        # installed) fails again in every sequence that reaches it: each is a real trial (what
+        # comes before may change how it fails), and most import torch before they fail
+        kinds = {(r["signature"], r["op"]) for r in summary.get("environment", [])}
+        environment = [r for r in records if (r["signature"], r["op"]) in kinds]
+        environment_s = sum(r["duration_s"] for r in environment)
+        say(f"    {len(environment)} trials ended as one of the environment problems the "
+            f"campaign reported (a missing Python module), {environment_s:.1f} s of the {total_s:.1f} s")
 
     def scan(self) -> None:
         env = dict(os.environ, XDG_CACHE_HOME=str(self.folder("cache")))
