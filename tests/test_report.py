@@ -229,6 +229,27 @@ def test_report_md_says_what_was_tested_and_counts_outcomes(tmp_path: Path) -> N
         in text
 
 
+def test_report_md_counts_trials_not_a_finding_answered_from_memory(tmp_path: Path) -> None:
+    # the search ran (PLUGIN, KQ), which failed at its first step; shrinking asked for
+    # (PLUGIN,) and got that trial's record from memory: a finding, but no trial of its own
+    def failing(*libs: str) -> dict:
+        return TrialRecord(
+            sequence=tuple(Step(StepKind.IMPORT, lib, Flags.LOCAL) for lib in libs),
+            outcome=Outcome.LOAD_ERROR, step=0, signature="python-missing-module", op="numpy",
+            signal=None, exit_code=0, detail="ModuleNotFoundError: No module named 'numpy'",
+            duration_s=1.2, peak_rss_mb=80.0, repro="loadfuzz run x").to_json()
+    ran, shrunk = failing(PLUGIN, KQ), failing(PLUGIN)
+    summary, trials = campaign()
+    fuzz = {**summary, "command": "fuzz", "trials": len(trials) + 1, "findings": [shrunk],
+            "unexpected": [], "expected": [], "environment": [shrunk]}
+    text = markdown.write_report_md(tmp_path, fuzz, [*trials, ran]).read_text(encoding="utf-8")
+    counts = Counter(t["outcome"] for t in [*trials, ran])
+    assert sum(counts.values()) == fuzz["trials"]
+    for outcome, count in counts.items():
+        assert f"| {outcome} | {count} |" in text
+    assert "Environment problems" in text and "No module named 'numpy'" in text
+
+
 def test_report_md_says_how_many_rows_shared_their_first_step_and_why_others_did_not(
         tmp_path: Path) -> None:
     summary, trials = campaign()

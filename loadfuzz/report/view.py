@@ -37,7 +37,7 @@ class CampaignView:
     """The summary plus every trial, with each finding's number and status looked up once."""
 
     summary: Mapping[str, Any]
-    records: dict[Key, Mapping[str, Any]]  # last record per sequence; summary findings win
+    records: dict[Key, Mapping[str, Any]]  # a record per trial; a finding's wins
     findings: list[Mapping[str, Any]]  # the summary's findings, numbered from 1 in this order
     number: dict[Key, int]
     unexpected: frozenset[Key]
@@ -49,7 +49,9 @@ class CampaignView:
     def of(cls, summary: Mapping[str, Any], trials: Iterable[Mapping[str, Any]]) -> CampaignView:
         findings = list(summary.get("findings", []))
         records = {json_key(r): r for r in trials}
-        records.update((json_key(r), r) for r in findings)
+        # a finding's record (confirmed cold) stands for its trial; a finding that is no trial
+        # of the campaign (shrinking answered it from memory, see `search.once`) adds none
+        records.update((key, r) for r in findings if (key := json_key(r)) in records)
         return cls(
             summary=summary,
             records=records,
