@@ -320,7 +320,7 @@ def test_a_stopped_fuzz_campaign_keeps_whole_records_and_leaves_no_process_behin
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and campaign.poll() is None and not (
                 (out / "trials.jsonl").exists()
-                and (out / "trials.jsonl").read_bytes().count(b"\n") >= 100):
+                and (out / "trials.jsonl").read_bytes().count(b"\n") >= 300):
             time.sleep(0.05)
         everyone = family(campaign.pid)
         workers = [p for p in everyone if "loadfuzz.search.workers" in command_line(p)]
@@ -332,7 +332,9 @@ def test_a_stopped_fuzz_campaign_keeps_whole_records_and_leaves_no_process_behin
         if how != signal.SIGKILL:
             assert f"stopped by {how.name}" in stderr and "Traceback" not in stderr, stderr
             summary = json.loads((out / "summary.json").read_text())
-            assert summary["incomplete"] is True and summary["trials"] >= 100
+            assert summary["incomplete"] is True and summary["trials"] >= 300
+            # what the search did so far, though no worker ended to report it
+            assert summary["jobs"] == 2 and summary["search_s"] > 0 and summary["rounds"] >= 1
             # what it found so far is kept for the next campaign to replay (and confirm)
             assert summary["findings"] and len(summary["found"]) == len(summary["findings"])
             assert [p for p in (tmp_path / "db").rglob("*") if p.is_file()]

@@ -201,7 +201,7 @@ def run_fuzz(campaign: Prepared, options: FuzzOptions, watcher: Watcher,
                                 shrink_until(budget_end, options.budget_s))
             runs = findings.run.runs
             try:
-                search = explore(findings, campaign, options, db, base_seed, budget_end, warnings)
+                explore(findings, campaign, options, db, base_seed, budget_end, warnings, search)
                 if not search.searched:  # a green run that searched nothing must say so
                     warnings.append(f"the search ran no trial before its budget "
                                     f"({options.budget_s:g} s) ended: only the replay and "
@@ -276,10 +276,10 @@ def confirm_all(findings: Findings, jobs: int) -> list[TrialRecord]:
 
 def explore(findings: Findings, campaign: Prepared, options: FuzzOptions,
             db: DirectoryBasedExampleDatabase, base_seed: int, budget_end: float,
-            warnings: list[str]) -> workers.Report:
+            warnings: list[str], search: workers.Report) -> None:
     """The three phases: replay, predicted, then the search on `--jobs` processes (started
     first, so that their start-up overlaps the other phases) until the budget is spent; what
-    the search did. Every failure is kept in `findings`. Sequences
+    the search did goes into `search` as it happens. Every failure is kept in `findings`. Sequences
     start with this shard's slice of the libraries."""
     inv, libs, settings_ = campaign.inv, campaign.libs, campaign.settings
     trials = findings.run.trials
@@ -297,8 +297,8 @@ def explore(findings: Findings, campaign: Prepared, options: FuzzOptions,
                  if p.sequence[0].lib in first_libs]
     plan_ = workers.Plan(inv, libs, settings_.run, findings.options, first, options.max_len,
                          base_seed, budget_end, tuple(sys.path))
-    with workers.Workers(plan_, settings_.run.jobs, findings) as search:
-        search.probed(probe_all(trials, findings.options, settings_.run.jobs))
+    with workers.Workers(plan_, settings_.run.jobs, findings, search) as workers_:
+        workers_.probed(probe_all(trials, findings.options, settings_.run.jobs))
         for phase, work in (("replay", in_shard), ("predicted", predicted)):
             # (once each: after an upgrade the database names one sequence by both ids)
             work = list(dict.fromkeys(seq for seq in work if not findings.run.knows(seq)))
@@ -309,8 +309,8 @@ def explore(findings: Findings, campaign: Prepared, options: FuzzOptions,
             for record in records:
                 if not record.clean:
                     findings.keep(record, phase)
-                    search.known(record)
-        return search.listen()
+                    workers_.known(record)
+        workers_.listen()
 
 
 def probe_all(trials: Trials, options: Sequence[Step], jobs: int) -> dict[str, bool]:

@@ -223,10 +223,13 @@ class Workers:
     """The search's worker processes, started on entering (before the replay and predicted
     phases, so that their start-up overlaps them) and stopped on leaving, whatever happens."""
 
-    def __init__(self, plan: Plan, jobs: int, findings: Findings):
+    def __init__(self, plan: Plan, jobs: int, findings: Findings, report: Report):
+        """`report`: what the workers did, kept up to date as they say it (the partial summary
+        of a stopped campaign reads it too)."""
         self.plan, self.findings = plan, findings
         self.jobs = min(jobs, len(plan.first))
-        self.report = Report(jobs=self.jobs)
+        self.report = report
+        report.jobs = self.jobs
         self.messages: queue.SimpleQueue = queue.SimpleQueue()
         self.running: list[Worker] = []
         self.began = time.monotonic()
@@ -296,9 +299,10 @@ def handle(message: tuple, worker: Worker, findings: Findings, report: Report,
         findings.run.take(payload)
     elif kind == "failure":
         waiting.append(payload)
+    elif kind == "round":
+        report.rounds += 1
     elif kind == "done":
         worker.done = True
-        report.rounds += payload["rounds"]
         report.recalled += payload["recalled"]
         report.usage.append(payload["usage"])
         report.preload += payload["preload"]
@@ -354,8 +358,9 @@ def work(assignment: Assignment, inbox: Inbox, outbox: Outbox, news: list[tuple]
             seed = round_seed(plan.seed, assignment.index, number)
             for failure in rounds.round(seed, assignment.first, plan.max_len, plan.until):
                 outbox.send("failure", failure)
+            outbox.send("round", None)
             number += 1
-        outbox.send("done", {"rounds": number, "recalled": rounds.run.recalled,
+        outbox.send("done", {"recalled": rounds.run.recalled,
                              "usage": trials.usage.to_json(),
                              "preload": [str(step.path) for step in trials.preload]})
 
