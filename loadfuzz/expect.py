@@ -108,6 +108,8 @@ def load_expectations(path: Path) -> tuple[Expectation, ...]:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path}: not valid TOML: {exc}") from None
+    except RecursionError:  # (tomllib reads nested arrays and tables recursively)
+        raise UsageError(f"{path}: not valid TOML: nested too deeply") from None
     unknown = sorted(set(data) - {"expected"})
     if unknown:
         raise UsageError(

@@ -298,7 +298,8 @@ def build(target: str, name: str, version: str | None, root: Path, files: Mappin
             raise UsageError(f"--add {extra}: a folder, not a library (give a TARGET for a "
                              "folder of libraries)")
         if not Path(extra).is_file():
-            raise UsageError(f"--add {extra}: no such file")
+            raise UsageError(f"--add {extra}: " + ("not a regular file" if Path(extra).exists()
+                                                    else "no such file"))
         if lib_id in chosen:
             where = ("another --add" if any(Path(other).name == Path(extra).name
                                             for other in add[:position]) else target)

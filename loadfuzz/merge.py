@@ -116,7 +116,7 @@ def read_folder(folder: Path) -> ShardFolder:
         try:
             record = json.loads(line)
             json_key(record)  # the one part of a record merging relies on
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
             raise UsageError(f"{trials_path}: line {number} is not a trial record ({exc})") from None
         trials.append(record)
     shard = summary.get("shard")

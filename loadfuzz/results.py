@@ -21,6 +21,7 @@ import itertools
 import json
 import os
 import shutil
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterable
@@ -91,10 +92,15 @@ class ResultsFolder:
                 record = TrialRecord.from_json(json.loads(line), locate)
             except UsageError as exc:
                 raise UsageError(f"--resume: {self.trials_path} line {number}: {exc}") from None
-            except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
+            except (ValueError, TypeError, KeyError, AttributeError, IndexError,
+                    RecursionError) as exc:
                 raise UsageError(f"--resume: {self.trials_path} line {number} is not a trial "
                                  f"record ({exc or type(exc).__name__}); start again with "
                                  "another --out") from None
+            if len(record.sequence) != 2 or not (record.clean or "cold" in record.via):
+                # a matrix keeps pairs, and confirms each finding cold before it keeps it
+                raise UsageError(f"--resume: {self.trials_path} line {number} is no trial of a "
+                                 "matrix campaign: only a matrix campaign can be resumed")
             done[record.key()] = record
         return done
 
@@ -170,10 +176,22 @@ class ResultsFolder:
         """summary.json, report.md, matrix.html, junit.xml and repro/ (and the step summary)."""
         trials = [r.to_json() for r in records]
         report.write_all(self.out, summary, trials, per=per)
-        step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
-        if step_summary:
-            with open(step_summary, "a", encoding="utf-8") as file:
-                file.write(report.markdown_summary(summary, trials) + "\n")
+        append_step_summary(report.markdown_summary(summary, trials))
+
+
+def append_step_summary(text: str) -> None:
+    """Append the report to `$GITHUB_STEP_SUMMARY`, when set. It was checked with the input;
+    should it fail all the same (a full disk), a warning says so: the results folder is whole,
+    and the campaign's exit status stands."""
+    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if not step_summary:
+        return
+    try:
+        with open(step_summary, "a", encoding="utf-8") as file:
+            file.write(text + "\n")
+    except OSError as exc:
+        print(f"loadfuzz: warning: GITHUB_STEP_SUMMARY={step_summary}: could not append the "
+              f"report ({exc.strerror or exc}); the results folder is whole", file=sys.stderr)
 
 
 def taken_message(out: Path, resumable: bool) -> str:
@@ -207,9 +225,22 @@ def check_out(out: Path, resume: bool, resumable: bool = True) -> None:
     has a `--resume`). Cheap: a campaign checks it before it reads its target."""
     if resume and not (out / "trials.jsonl").exists():
         raise UsageError(f"--resume: {out} holds no campaign (no trials.jsonl)")
+    if resume and (command := summary_command(out)) not in (None, "matrix"):
+        raise UsageError(f"--resume: {out} holds a {command} campaign: only a matrix campaign "
+                         "can be resumed")
     usable(out, "--out")  # an existing file too: it is not a folder
     if not resume and holds_results(out):
         raise UsageError(taken_message(out, resumable))
+
+
+def summary_command(out: Path) -> str | None:
+    """The command named by the summary.json in `out`, when there is one that says."""
+    try:
+        summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    command = summary.get("command") if isinstance(summary, dict) else None
+    return command if isinstance(command, str) else None
 
 
 def check_step_summary() -> None:
@@ -239,8 +270,11 @@ def usable(folder: Path, what: str) -> None:
     in /proc, /sys or a read-only mount). Never `folder` itself: another campaign may make it
     and take its lock between our mkdir and rmdir."""
     existing = Path(os.path.abspath(folder))
-    while not existing.exists() and existing != existing.parent:
+    while not os.path.lexists(existing) and existing != existing.parent:
         existing = existing.parent
+    if existing.is_symlink() and not existing.exists():  # no folder can be made where it is
+        raise UsageError(f"{what} {folder}: {existing} is a symbolic link to "
+                         f"{os.readlink(existing)}, which does not exist")
     if not existing.is_dir():
         raise UsageError(f"{what} {folder}: {existing} is not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
@@ -264,7 +298,7 @@ def finished_summary(folder: Path, where: str) -> dict[str, Any]:
         raise UsageError(f"{where}: not a results folder (no summary.json)")
     try:
         summary = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise UsageError(f"{where}: cannot read summary.json: {exc}") from None
     if not isinstance(summary, dict) or summary.get("command") not in ("matrix", "fuzz"):
         raise UsageError(f"{where}: not the results folder of a matrix or fuzz campaign")

@@ -73,6 +73,8 @@ def locate(target: str, consulted: Consulted | None = None) -> TargetFiles:
     elif path.is_file():
         root, name, version = path.absolute().parent, path.name.split(".")[0], None
         candidates = [path.absolute()]
+    elif path.exists():  # a FIFO, a socket, a device: nothing a library is read from
+        raise UsageError(f"not a regular file nor a folder: {target}")
     elif "/" in target or target.endswith((".whl", ".so")):
         raise UsageError(f"no such file or directory: {target}")
     else:

@@ -1,5 +1,6 @@
 """Bad input gets one clear line on stderr and exit 2: no traceback, nothing written."""
 
+import json
 import os
 
 import pytest
@@ -39,6 +40,46 @@ def garbled_campaign(folder):
     (folder / "earlier").mkdir()
     (folder / "earlier" / "trials.jsonl").write_text('{"sequence": 5}\nnot json\n')
     return folder / "earlier"
+
+
+def dangling(folder):
+    (folder / "gone").symlink_to(folder / "nowhere")
+    return folder / "gone"
+
+
+def deeply_nested(folder):
+    path = folder / "deep.toml"  # tomllib reads nesting recursively: RecursionError was exit 3
+    path.write_text("expected = " + "[" * 5000 + "]" * 5000 + "\n")
+    return path
+
+
+def newline_in_name(folder):
+    path = folder / "two\nlines.so"
+    path.write_text("hello\n")
+    return path
+
+
+def fifo(folder):
+    os.mkfifo(folder / "libpipe.so")
+    return folder / "libpipe.so"
+
+
+def fuzz_campaign(folder):
+    (folder / "fuzzed").mkdir()
+    (folder / "fuzzed" / "trials.jsonl").write_text("")
+    (folder / "fuzzed" / "summary.json").write_text('{"command": "fuzz", "incomplete": true}')
+    return folder / "fuzzed"
+
+
+def three_step_trials(folder):
+    """A folder a stopped fuzz campaign left without its summary (SIGKILL): a trial of 3 steps."""
+    step = {"kind": "dlopen", "lib": QUANTIZED.name, "flags": "global"}
+    record = {"sequence": [step] * 3, "outcome": "clean", "step": None, "signature": None,
+              "op": None, "signal": None, "exit_code": 0, "detail": "every step completed",
+              "duration_s": 0.1, "peak_rss_mb": 10.0, "repro": "x", "via": "fork-server"}
+    (folder / "killed").mkdir()
+    (folder / "killed" / "trials.jsonl").write_text(json.dumps(record) + "\n")
+    return folder / "killed"
 
 
 CASES = {
@@ -123,6 +164,27 @@ CASES = {
                          f"argument --db: {TOO_LONG}"),
     "merge folder name too long": (lambda f: ["merge", f / ("x" * 300), "--out", f / "merged"],
                                    f"argument DIR: {TOO_LONG}"),
+    # a dangling link took the place where --out was to be made: mkdir said EEXIST, exit 3
+    "out a dangling link": (lambda f: ["matrix", QUANTIZED, "--add", LEGACY_PLUGIN,
+                                       "--out", dangling(f)], "is a symbolic link to"),
+    "out under a dangling link": (lambda f: ["repro", "Segmentation fault", QUANTIZED,
+                                             "--out", dangling(f) / "sub"],
+                                  "is a symbolic link to"),
+    "db a dangling link": (lambda f: ["fuzz", QUANTIZED, "--db", dangling(f)],
+                           "is a symbolic link to"),
+    "expectations nested too deeply": (lambda f: ["matrix", "executorch", "--expect",
+                                                  deeply_nested(f)], "nested too deeply"),
+    "a newline in a path": (lambda f: ["scan", newline_in_name(f)], "two\\nlines.so"),
+    "a fifo as target": (lambda f: ["matrix", fifo(f)], "not a regular file nor a folder"),
+    "a fifo as --add": (lambda f: ["scan", "executorch", "--add", fifo(f)], "not a regular file"),
+    "timeout written as python does": (lambda f: ["run", "--timeout", "1_0", QUANTIZED],
+                                       "not a number: '1_0'"),
+    "resume of a fuzz campaign": (lambda f: ["matrix", QUANTIZED, "--add", LEGACY_PLUGIN,
+                                             "--resume", "--out", fuzz_campaign(f)],
+                                  "holds a fuzz campaign: only a matrix campaign can be resumed"),
+    "resume of trials that are no matrix's": (
+        lambda f: ["matrix", QUANTIZED, "--add", LEGACY_PLUGIN, "--resume", "--out",
+                   three_step_trials(f)], "only a matrix campaign can be resumed"),
 }
 
 
@@ -238,6 +300,19 @@ def test_a_step_summary_that_cannot_be_written_is_bad_input_before_anything_runs
     assert done.stderr.startswith(f"loadfuzz: GITHUB_STEP_SUMMARY={step_summary}: ")
     assert done.stderr.count("\n") == 1 and done.stdout == ""
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_a_step_summary_that_fills_up_is_a_warning_and_the_results_stand(tmp_path):
+    # /dev/full passes every check (a file, writable) and fails the append: exit 3 blamed the
+    # results folder, which was whole, and offered a --resume that had nothing to do
+    done = loadfuzz("matrix", QUANTIZED, "--add", LEGACY_PLUGIN, "--out", tmp_path / "out",
+                    env={**os.environ, "GITHUB_STEP_SUMMARY": "/dev/full"})
+    assert done.returncode == 1, done.stderr  # the pair collides: the campaign's own status
+    assert done.stderr == ("loadfuzz: warning: GITHUB_STEP_SUMMARY=/dev/full: could not append "
+                           "the report (No space left on device); the results folder is whole\n")
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["findings"] and "incomplete" not in summary
+    assert not (tmp_path / "out" / "error.log").exists()
 
 
 def test_the_report_is_appended_to_the_step_summary_after_what_it_held(tmp_path):

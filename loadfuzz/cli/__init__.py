@@ -19,6 +19,7 @@ from loadfuzz import hostenv
 from loadfuzz.cli.commands import COMMANDS, CouldNotFinish
 from loadfuzz.cli.parser import build_parser, too_long_message
 from loadfuzz.model import Stopped, UsageError
+from loadfuzz.report.view import visible
 
 COULD_NOT_FINISH = 3
 # What to do when the machine ran out of something (the rest of a failure's line says what)
@@ -100,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.invocation = words
         return COMMANDS[args.command](args)
     except UsageError as exc:
-        print(f"loadfuzz: {exc}", file=sys.stderr)
+        print(f"loadfuzz: {visible(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as stop:
         signum = stop.signum if isinstance(stop, Stopped) else signal.SIGINT
@@ -114,13 +115,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         cause = exc.__cause__ if isinstance(exc, CouldNotFinish) and exc.__cause__ else exc
         if isinstance(cause, OSError) and cause.errno == errno.ENAMETOOLONG:
             # only a name the user gave is that long (a target, a step's library): bad input
-            print(f"loadfuzz: {too_long_message(str(cause.filename or ''))}", file=sys.stderr)
+            print(f"loadfuzz: {visible(too_long_message(str(cause.filename or '')))}",
+                  file=sys.stderr)
             return 2
         folder = exc.folder if isinstance(exc, CouldNotFinish) else None
         what = exc.what if isinstance(exc, CouldNotFinish) and exc.what else one_line(cause)
         log = log_failure(cause, folder)
         where = f"; the traceback is in {log}" if log else ""
-        print(f"loadfuzz: could not finish: {what}{where}", file=sys.stderr)
+        print(f"loadfuzz: could not finish: {visible(what + where)}", file=sys.stderr)
         return COULD_NOT_FINISH
     finally:
         # A stopped command is over. The interpreter's end resets Python's handlers to the

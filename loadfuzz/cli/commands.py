@@ -84,7 +84,7 @@ def failing_into(campaign: Prepared) -> Iterator[None]:
         if exc.errno not in FULL_OR_READ_ONLY:
             raise CouldNotFinish(campaign.out) from exc
         then = f"continue with: {campaign.resume_command()}" if campaign.resume_command() else (
-            "run it again")
+            "run it again with another --out")  # (this one holds results: it would be refused)
         raise CouldNotFinish(campaign.out, f"cannot write the results folder {campaign.out}: "
                              f"{exc.strerror}; the finished trials are kept in "
                              f"{campaign.folder.trials_path}; make room, then {then}") from exc

@@ -87,6 +87,8 @@ MAX_JOBS = 4096
 def seconds(text: str) -> float:
     """A step's time limit in seconds: a millisecond at least, a week at most (not nan)."""
     try:
+        if "_" in text:  # Python's 1_0 is no number as people write them
+            raise ValueError(text)
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
@@ -97,7 +99,7 @@ def seconds(text: str) -> float:
 
 
 def positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
         raise argparse.ArgumentTypeError(f"not a positive whole number: {text!r}")
     return int(text)
 

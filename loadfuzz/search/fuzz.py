@@ -129,7 +129,7 @@ def replayable(inv: Inventory, db: DirectoryBasedExampleDatabase) -> tuple[list[
                         for s in steps for lib in [ids.get(s["lib"]) or ids[normal_id(s["lib"])]])
         except KeyError:
             continue  # a library that is gone from the target
-        except (ValueError, TypeError, AttributeError):
+        except (ValueError, TypeError, AttributeError, RecursionError):
             unreadable += 1  # not written by loadfuzz, or by a version that spelled steps otherwise
             continue
         found.append(seq)

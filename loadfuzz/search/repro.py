@@ -206,12 +206,19 @@ def read_message(text: str) -> Message:
     return Message((telling or lines)[0], None, None)
 
 
+COMMAND_HEAD = 4 * 4096 + 16  # four words of at most PATH_MAX bytes, and the spaces between
+
+
 def calls_loadfuzz_run(line: str) -> bool:
     """Whether the line is a shell command that calls `loadfuzz run` (`.../loadfuzz run ...`,
     `python -m loadfuzz run ...`, the `exec` line of a repro.sh): what a record's `repro`
     says, not what a crash printed."""
+    # Only its first four words tell, each at most a path long: shlex builds a word a
+    # character at a time, which takes minutes on one line of megabytes (a log with no newline)
+    lexer = shlex.shlex(line[:COMMAND_HEAD], posix=True)
+    lexer.whitespace_split, lexer.commenters = True, ""
     try:
-        words = shlex.split(line)
+        words = list(itertools.islice(lexer, 4))
     except ValueError:  # an unbalanced quote: no command
         return False
     words = words[1:] if words[:1] == ["exec"] else words
