@@ -279,8 +279,8 @@ def explore(findings: Findings, campaign: Prepared, options: FuzzOptions,
             warnings: list[str], search: workers.Report) -> None:
     """The three phases: replay, predicted, then the search on `--jobs` processes (started
     first, so that their start-up overlaps the other phases) until the budget is spent; what
-    the search did goes into `search` as it happens. Every failure is kept in `findings`. Sequences
-    start with this shard's slice of the libraries."""
+    the search did goes into `search` as it happens (a stopped campaign reports it too). Every
+    failure is kept in `findings`. Sequences start with this shard's slice of the libraries."""
     inv, libs, settings_ = campaign.inv, campaign.libs, campaign.settings
     trials = findings.run.trials
     first_libs = {lib.id for lib in settings_.shard.take(list(libs))}
