@@ -11,14 +11,17 @@ import path and the metadata files of installed distributions).
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import importlib.metadata
+import json
 import os
 import posixpath
 import re
 import shutil
 import stat
+import time
 import zipfile
 import zlib
 from collections.abc import Iterator, Mapping
@@ -34,6 +37,7 @@ if TYPE_CHECKING:
 
 SO_FILE = re.compile(r".+\.so(\.\d+)*", re.DOTALL)  # any byte but / may be in a name: \n too
 UNPACKING = ".unpacking-"  # a wheel being unpacked into the cache (`unpack_wheel`)
+MANIFEST = ".loadfuzz-manifest.json"  # in an unpacked wheel: what it held when it was made
 UNPACK_LAYOUT = "installed"  # unpacked as pip installs it (`installed_name`); part of the folder name
 INSTALLED_DATA = re.compile(r"[^/]+\.data/(?:platlib|purelib)/")
 
@@ -240,15 +244,19 @@ def unpack_wheel(wheel: Path) -> tuple[Path, str, str | None]:
             digest.update(block)
     wheels = hostenv.cache_folder() / "wheels"
     final = wheels / f"{digest.hexdigest()}-{UNPACK_LAYOUT}"
-    if not final.is_dir():
+    if not intact(final):
         wheels.mkdir(parents=True, exist_ok=True)
         scratch.sweep(wheels, UNPACKING)  # what an unpack killed by SIGKILL left (a whole wheel)
         folder, owner = scratch.held(wheels, UNPACKING)
         try:
-            extract_safely(wheel, folder)
-            dist_info(wheel, folder)  # no wheel is kept in the cache that is not one
+            with contextlib.suppress(FileNotFoundError):  # a damaged one (or another's) goes
+                os.rename(final, folder / "damaged")
+            (folder / "tree").mkdir()
+            extract_safely(wheel, folder / "tree")
+            dist_info(wheel, folder / "tree")  # no wheel is kept in the cache that is not one
+            seal(folder / "tree")
             try:
-                os.rename(folder, final)
+                os.rename(folder / "tree", final)
             except OSError:
                 if not final.is_dir():  # not a concurrent unpack of the same wheel that won
                     raise
@@ -256,8 +264,41 @@ def unpack_wheel(wheel: Path) -> tuple[Path, str, str | None]:
             shutil.rmtree(folder, ignore_errors=True)
             os.close(owner)
     name, _, version = dist_info(wheel, final).removesuffix(".dist-info").partition("-")
-    top_level = {p.name for p in final.iterdir() if not p.name.endswith((".dist-info", ".data"))}
+    top_level = {p.name for p in final.iterdir()
+                 if not p.name.endswith((".dist-info", ".data")) and p.name != MANIFEST}
     return package_root(final, top_level), name, version or None
+
+
+def tree_state(root: Path, sealed_ns: int | None = None) -> dict[str, list[int]] | None:
+    """Every entry under `root` (its manifest aside) with its mode, size and mtime; None when
+    one changed after `sealed_ns` (its ctime: a write, a chmod, a `touch -r`)."""
+    state: dict[str, list[int]] = {}
+    for folder, subfolders, names in os.walk(root):
+        for name in subfolders + names:
+            path = os.path.join(folder, name)
+            if folder == str(root) and name == MANIFEST:
+                continue
+            info = os.lstat(path)
+            if sealed_ns is not None and info.st_ctime_ns > sealed_ns:
+                return None
+            state[os.path.relpath(path, root)] = [info.st_mode, info.st_size, info.st_mtime_ns]
+    return state
+
+
+def seal(root: Path) -> None:
+    """Note what an unpacked wheel holds, in its manifest, so that a later use can tell it whole."""
+    state = tree_state(root)
+    (root / MANIFEST).write_text(json.dumps({"sealed_ns": time.time_ns(), "entries": state}))
+
+
+def intact(root: Path) -> bool:
+    """Whether an unpacked wheel in the cache holds what it held when it was sealed: no entry
+    added, removed, or changed since (a cache damaged by hand is unpacked again, never used)."""
+    try:
+        manifest = json.loads((root / MANIFEST).read_text(encoding="utf-8"))
+        return manifest["entries"] == tree_state(root, manifest["sealed_ns"])
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError, TypeError, KeyError):
+        return False
 
 
 def dist_info(wheel: Path, unpacked: Path) -> str:

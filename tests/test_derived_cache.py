@@ -134,6 +134,33 @@ def test_a_missing_dependency_that_appears_where_the_loader_looks_is_found(scans
     assert after == cold_scan(tmp_path, str(target))
 
 
+@pytest.mark.parametrize("named", ["by a dangling link", "by an absolute path"])
+def test_a_dependency_that_appears_where_nothing_was_listed_is_found(scans, tmp_path, named):
+    """Where the loader looks may name a file that is not there yet though no folder it lists
+    changes when it comes: a dangling symbolic link whose target appears (elsewhere), or a
+    NEEDED entry that is a path."""
+    target, real = tmp_path / "target", tmp_path / "real"
+    target.mkdir()
+    real.mkdir()
+    cc = os.environ.get("CC") or "gcc"
+    gone = tmp_path / "link-time" / "libfx_gone.so"
+    gone.parent.mkdir()
+    soname = "libfx_gone.so" if named == "by a dangling link" else str(real / "libfx_gone.so")
+    subprocess.run([cc, "-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", str(gone),
+                    str(FIXTURE_SOURCES / "gone.c")], check=True)
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(target / "libneeds.so"),
+                    str(FIXTURE_SOURCES / "needs_missing.c"), str(gone),
+                    "-Wl,-rpath,$ORIGIN/../deps"], check=True)
+    (tmp_path / "deps").mkdir()
+    (tmp_path / "deps" / "libfx_gone.so").symlink_to(real / "libfx_gone.so")
+    before, _ = scans(str(target))
+    assert before["libraries"][0]["missing"] == [soname]
+    shutil.copyfile(gone, real / "libfx_gone.so")  # neither target/ nor deps/ changes
+    after, read_files = scans(str(target))
+    assert read_files and after["libraries"][0]["missing"] == []
+    assert after == cold_scan(tmp_path, str(target))
+
+
 def test_a_new_version_of_loadfuzz_does_not_read_the_old_ones_entries(scans, tmp_path,
                                                                       monkeypatch):
     scans(str(CORPUS))

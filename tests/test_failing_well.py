@@ -471,7 +471,7 @@ def test_a_wheel_unpack_killed_by_sigkill_is_removed_by_the_next_unpack(tmp_path
               cwd=tmp_path, env=cache)
     wheels = tmp_path / "cache" / "loadfuzz" / "wheels"
     [left] = wheels.glob(".unpacking-*")
-    assert (left / "demo" / "lib" / "libplugin.so").exists()
+    assert (left / "tree" / "demo" / "lib" / "libplugin.so").exists()
     aged(left)
     done = loadfuzz("scan", wheel, env={**os.environ, **cache})
     assert done.returncode == 0, done.stderr

@@ -1,10 +1,13 @@
 """`scan` reads a target's ELF files (pyelftools only) and says what each library is and does."""
 
 import json
+import os
 import shutil
 import struct
 import subprocess
+import time
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -100,6 +103,54 @@ def test_a_wheel_file_is_unpacked_into_a_cache_keyed_by_its_hash(tmp_path, monke
     assert (inv.name, inv.version) == ("demo", "1.0")
     assert inv.root.is_relative_to(tmp_path / "cache" / "loadfuzz" / "wheels")
 
+
+
+def remove_library(tree: Path) -> None:
+    (tree / "demo" / "lib" / "libexecutorch.so").unlink()
+
+
+def truncate_library(tree: Path) -> None:
+    with open(tree / "demo" / "lib" / "libexecutorch.so", "r+b") as file:
+        file.truncate(1000)
+
+
+def rewrite_keeping_size_and_mtime(tree: Path) -> None:
+    library = tree / "demo" / "lib" / "libexecutorch.so"
+    was = library.stat()
+    library.write_bytes(b"\0" * was.st_size)
+    os.utime(library, ns=(was.st_atime_ns, was.st_mtime_ns))
+
+
+def add_library(tree: Path) -> None:
+    shutil.copyfile(LEGACY_PLUGIN, tree / "demo" / "lib" / "libextra.so")
+
+
+def replace_by_a_file(tree: Path) -> None:
+    shutil.rmtree(tree)
+    tree.write_text("not a folder\n")
+
+
+@pytest.mark.parametrize("damage", [remove_library, truncate_library,
+                                    rewrite_keeping_size_and_mtime, add_library,
+                                    replace_by_a_file])
+def test_an_unpacked_wheel_damaged_in_the_cache_is_unpacked_again(tmp_path, monkeypatch, damage):
+    """A cache changed by hand must not change what a wheel holds: a library gone from it was a
+    pair less in the matrix, and a file in its place made every command exit 3."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    wheel = tmp_path / "demo-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.write(QUANTIZED, "demo/lib/libexecutorch_kernels_quantized.so")
+        archive.write(ET / "lib" / "libexecutorch.so", "demo/lib/libexecutorch.so")
+        archive.writestr("demo-1.0.dist-info/METADATA", "Name: demo\nVersion: 1.0\n")
+    first = inventory.load_target(str(wheel))
+    [tree] = (tmp_path / "cache" / "loadfuzz" / "wheels").iterdir()
+    time.sleep(0.01)  # (a change is told by its time: past the moment the tree was sealed)
+    damage(tree)
+    again = inventory.load_target(str(wheel))
+    assert [lib.id for lib in again.libraries] == [lib.id for lib in first.libraries]
+    assert (again.root / "lib" / "libexecutorch.so").read_bytes() == \
+        (ET / "lib" / "libexecutorch.so").read_bytes()
+    assert [p.name for p in tree.parent.iterdir()] == [tree.name]  # nothing else left behind
 
 
 def test_a_wheel_library_under_data_platlib_is_unpacked_where_pip_installs_it(tmp_path, monkeypatch):
