@@ -14,9 +14,11 @@ any class, so loading an entry runs no code.
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
 import pickle
+import stat
 import struct
 import tempfile
 import zlib
@@ -36,12 +38,21 @@ class PlainData(pickle.Unpickler):
         raise pickle.UnpicklingError(f"{module}.{name}: a cache entry holds plain values only")
 
 
+def read_regular(path: Path) -> bytes:
+    """The bytes of a regular file; OSError for anything else at `path` (a FIFO would block
+    the command for good, /dev/zero never end), which a cache treats as no entry."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with open(fd, "rb") as stream:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        return stream.read()
+
+
 def read(entry: Path, key: tuple) -> object | None:
     """The payload kept in `entry` under exactly this key, or None (none, another key, torn,
     corrupt, unreadable)."""
     try:
-        with open(entry, "rb") as stream:
-            blob = stream.read()
+        blob = read_regular(entry)
     except OSError:
         return None
     try:

@@ -254,6 +254,18 @@ def test_an_entry_damaged_in_any_byte_is_ignored_never_an_error(tmp_path):
             assert entries.read(entry, key) in (None, ("payload", 123, frozenset({"a"})))
 
 
+def test_an_entry_that_is_no_file_is_ignored_never_waited_on(tmp_path):
+    # a FIFO in an entry's place blocked the command in open() until it was killed
+    entry = tmp_path / "entry"
+    key = ("test", "key", 1)
+    os.mkfifo(entry)
+    assert entries.read(entry, key) is None
+    entry.unlink()
+    entry.mkdir()
+    assert entries.read(entry, key) is None
+    assert entries.read(Path("/dev/zero"), key) is None  # (read whole, it would never end)
+
+
 def test_concurrent_writers_and_readers_only_ever_see_whole_entries(tmp_path):
     cache = DerivedCache(tmp_path / "derived", settle_ns=0)
     key = cache.key("test", ("shared",))

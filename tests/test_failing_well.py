@@ -219,6 +219,29 @@ def test_a_cached_harness_cut_short_or_replaced_is_built_again(tmp_path, monkeyp
     assert done.returncode != 127 and b"usage" in (done.stderr + done.stdout).lower(), done
 
 
+def fifo_in_place(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path, 0o755)  # (executable bits: it passes os.access(X_OK))
+
+
+def folder_in_place(path: Path) -> None:
+    path.unlink()
+    path.mkdir()
+
+
+@pytest.mark.parametrize("damage", [fifo_in_place, folder_in_place])
+def test_a_cached_harness_that_is_no_file_is_built_again(tmp_path, monkeypatch, damage):
+    """A FIFO in its place hung every command (reading it waits for a writer); a folder made
+    every matrix exit 3, telling to set XDG_CACHE_HOME though the folder was writable."""
+    from loadfuzz.run import build
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    binary = build.harness_binary()
+    built = binary.read_bytes()
+    damage(binary)
+    assert build.harness_binary() == binary and binary.read_bytes() == built
+
+
 def test_garbage_in_the_example_database_is_one_warning_and_the_campaign_goes_on(tmp_path):
     db = tmp_path / "db"
     first = loadfuzz("fuzz", CORPUS, "--budget", "2s", "--seed", "1", "--db", db,

@@ -24,7 +24,7 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from loadfuzz import hostenv
+from loadfuzz import entries, hostenv
 
 CFLAGS = ("-std=c11", "-O2", "-Wall", "-Wextra")
 # The harness's fork-handler counters must come before the C library's in the global scope.
@@ -76,6 +76,8 @@ def harness_binary(strict: bool = False) -> Path:
                 raise BuildFailed(f"cannot compile the harness with {shlex.join(compiler())}{said};"
                                   " install gcc, or set CC to a C compiler that works")
             seal(output)
+            if binary.is_dir() and not binary.is_symlink():  # (no file replaces a folder)
+                shutil.rmtree(binary)
             os.replace(output, binary)
     except FileNotFoundError as exc:
         raise BuildFailed(f"cannot compile the harness: no C compiler ({exc.filename}); "
@@ -99,7 +101,7 @@ def whole(binary: Path) -> bool:
     binary that cannot be read for want of file descriptors or memory is an error, not a
     reason to build it again."""
     try:
-        data = binary.read_bytes()
+        data = entries.read_regular(binary)
     except OSError as exc:
         if exc.errno in EXHAUSTED:
             raise
