@@ -90,14 +90,19 @@ def test_scan_prints_a_table_and_the_predicted_collisions():
     assert "predicted collisions: 8" in done.stdout
 
 
-def test_a_wheel_file_is_unpacked_into_a_cache_keyed_by_its_hash(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    wheel = tmp_path / "demo-1.0-py3-none-any.whl"
+def demo_wheel(folder: Path) -> Path:
+    """A wheel of two ExecuTorch libraries, `demo/lib/...`."""
+    wheel = folder / "demo-1.0-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as archive:
         archive.write(QUANTIZED, "demo/lib/libexecutorch_kernels_quantized.so")
         archive.write(ET / "lib" / "libexecutorch.so", "demo/lib/libexecutorch.so")
         archive.writestr("demo-1.0.dist-info/METADATA", "Name: demo\nVersion: 1.0\n")
-    inv = inventory.load_target(str(wheel))
+    return wheel
+
+
+def test_a_wheel_file_is_unpacked_into_a_cache_keyed_by_its_hash(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    inv = inventory.load_target(str(demo_wheel(tmp_path)))
     assert [lib.id for lib in inv.libraries] == ["lib/libexecutorch.so",
                                                  "lib/libexecutorch_kernels_quantized.so"]
     assert (inv.name, inv.version) == ("demo", "1.0")
@@ -137,11 +142,7 @@ def test_an_unpacked_wheel_damaged_in_the_cache_is_unpacked_again(tmp_path, monk
     """A cache changed by hand must not change what a wheel holds: a library gone from it was a
     pair less in the matrix, and a file in its place made every command exit 3."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    wheel = tmp_path / "demo-1.0-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as archive:
-        archive.write(QUANTIZED, "demo/lib/libexecutorch_kernels_quantized.so")
-        archive.write(ET / "lib" / "libexecutorch.so", "demo/lib/libexecutorch.so")
-        archive.writestr("demo-1.0.dist-info/METADATA", "Name: demo\nVersion: 1.0\n")
+    wheel = demo_wheel(tmp_path)
     first = inventory.load_target(str(wheel))
     [tree] = (tmp_path / "cache" / "loadfuzz" / "wheels").iterdir()
     time.sleep(0.01)  # (a change is told by its time: past the moment the tree was sealed)
