@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from loadfuzz import report
+from loadfuzz import entries, report
 from loadfuzz.model import Key, TrialRecord, UsageError
 
 LOCK = ".lock"
@@ -236,7 +236,7 @@ def check_out(out: Path, resume: bool, resumable: bool = True) -> None:
 def summary_command(out: Path) -> str | None:
     """The command named by the summary.json in `out`, when there is one that says."""
     try:
-        summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+        summary = json.loads(entries.read_regular(out / "summary.json").decode("utf-8"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         return None
     command = summary.get("command") if isinstance(summary, dict) else None

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
-from loadfuzz import hostenv, scratch
+from loadfuzz import entries, hostenv, scratch
 from loadfuzz.model import UsageError
 
 if TYPE_CHECKING:
@@ -295,7 +295,7 @@ def intact(root: Path) -> bool:
     """Whether an unpacked wheel in the cache holds what it held when it was sealed: no entry
     added, removed, or changed since (a cache damaged by hand is unpacked again, never used)."""
     try:
-        manifest = json.loads((root / MANIFEST).read_text(encoding="utf-8"))
+        manifest = json.loads(entries.read_regular(root / MANIFEST).decode("utf-8"))
         return manifest["entries"] == tree_state(root, manifest["sealed_ns"])
     except (OSError, UnicodeDecodeError, ValueError, RecursionError, TypeError, KeyError):
         return False

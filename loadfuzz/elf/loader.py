@@ -146,8 +146,9 @@ class SearchPath:
             candidate = Path(os.path.normpath(folder / name))
             if candidate.is_file() and reader.matches(candidate):
                 return candidate
-            if candidate.is_symlink():  # dangling: its target may come where no folder listed
-                reader.note(candidate)  # here changes
+            # a dangling link: its target may come where no folder listed here changes
+            if candidate.is_symlink():
+                reader.note(candidate)
         return None
 
 
