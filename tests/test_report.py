@@ -213,6 +213,28 @@ def test_a_fuzz_campaigns_reports_list_only_the_flags_modes_it_was_given(tmp_pat
     assert "global/local" not in (tmp_path / "matrix.html").read_text()
 
 
+def test_the_progress_line_is_drawn_a_few_times_a_second_not_once_a_trial():
+    # on a pty (a CI log) it was one line a trial: 464 KB in a 20 s campaign
+    import io
+
+    from loadfuzz.cli.printing import Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    progress = Progress("fuzz", stream=terminal)
+    _, trials = campaign()
+    records = [TrialRecord.from_json(t, locate=lambda lib: Path()) for t in trials] * 100
+    for done in records:
+        progress.finished(done)
+    progress.close()
+    lines = terminal.getvalue().split("\r")[1:]
+    failed = sum(not done.clean for done in records)
+    assert len(lines) <= 3 and lines[-1].startswith(f"fuzz: {len(records)} trials, {failed} failed")
+
+
 # --- report.md -----------------------------------------------------------------------
 
 

@@ -216,14 +216,18 @@ def print_repro(result: dict, inv: Inventory) -> None:
     say(f"script: {Path(result['out']) / 'repro.sh'}")
 
 
+REDRAW_S = 0.1  # a terminal's progress line is drawn again at most this often (a log of a pty
+# took a line a trial: 23 KB/s on a fast corpus)
+
+
 class Progress:
     """done / total, findings so far and the rate, on a terminal only (a campaign's Watcher)."""
 
     def __init__(self, label: str, total: int = 0, stream: Any = sys.stderr):
         self.total, self.label, self.stream = total, label, stream
         self.enabled = bool(getattr(stream, "isatty", lambda: False)())
-        self.started = time.monotonic()
-        self.done = self.findings = 0
+        self.started = self.drawn = time.monotonic()
+        self.done = self.failed = 0
 
     def planned(self, count: int) -> None:
         self.total = count
@@ -233,15 +237,21 @@ class Progress:
 
     def finished(self, record: TrialRecord) -> None:
         self.done += 1
-        self.findings += not record.clean
-        if self.enabled:
-            rate = self.done / max(time.monotonic() - self.started, 1e-9)
-            total = f"/{self.total}" if self.total else ""
-            self.stream.write(f"\r{self.label}: {self.done}{total} trials, "
-                              f"{self.findings} findings, {rate:.1f} trials/s ")
-            self.stream.flush()
+        self.failed += not record.clean
+        if self.enabled and time.monotonic() - self.drawn >= REDRAW_S:
+            self._draw()
+
+    def _draw(self) -> None:
+        """The line, again (failed trials: not the findings, which are known at the end)."""
+        self.drawn = time.monotonic()
+        rate = self.done / max(self.drawn - self.started, 1e-9)
+        total = f"/{self.total}" if self.total else ""
+        self.stream.write(f"\r{self.label}: {self.done}{total} trials, "
+                          f"{self.failed} failed, {rate:.1f} trials/s ")
+        self.stream.flush()
 
     def close(self) -> None:
         if self.enabled and self.done:
+            self._draw()
             self.stream.write("\n")
 
