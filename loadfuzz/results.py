@@ -233,13 +233,19 @@ def check_out(out: Path, resume: bool, resumable: bool = True) -> None:
         raise UsageError(taken_message(out, resumable))
 
 
-def summary_command(out: Path) -> str | None:
-    """The command named by the summary.json in `out`, when there is one that says."""
+def read_summary(out: Path) -> dict[str, Any] | None:
+    """The summary.json in `out`, or None when there is none that reads as one (not yet
+    written, cut short, not a file)."""
     try:
         summary = json.loads(entries.read_regular(out / "summary.json").decode("utf-8"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         return None
-    command = summary.get("command") if isinstance(summary, dict) else None
+    return summary if isinstance(summary, dict) else None
+
+
+def summary_command(out: Path) -> str | None:
+    """The command named by the summary.json in `out`, when there is one that says."""
+    command = (read_summary(out) or {}).get("command")
     return command if isinstance(command, str) else None
 
 

@@ -8,7 +8,6 @@ anything is written.
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 import time
@@ -95,6 +94,7 @@ def failing_into(campaign: Prepared) -> Iterator[None]:
 def interrupted(campaign: Prepared, stop: KeyboardInterrupt) -> int:
     """The line a stopped campaign leaves, and its exit status (128 + the signal)."""
     from loadfuzz.model import Stopped
+    from loadfuzz.results import read_summary
 
     signum = stop.signum if isinstance(stop, Stopped) else signal.SIGINT
     if not campaign.folder.trials_path.exists():  # stopped before the folder was taken
@@ -102,11 +102,11 @@ def interrupted(campaign: Prepared, stop: KeyboardInterrupt) -> int:
               f"written to {campaign.out}", file=sys.stderr)
         return 128 + signum
     name = signal.Signals(signum).name
-    summary = campaign.out / "summary.json"  # written last: then every report agrees with it
-    try:
-        finished = not json.loads(summary.read_text(encoding="utf-8")).get("incomplete")
-    except (OSError, ValueError, AttributeError):
-        finished, summary = False, None  # stopped before it was written (or a full disk)
+    # summary.json is written last: then every report agrees with it; none was written when
+    # the stop came first (or a full disk)
+    written = read_summary(campaign.out)
+    finished = written is not None and not written.get("incomplete")
+    summary = campaign.out / "summary.json" if written is not None else None
     if finished:  # the stop came as the last file was written
         print(f"stopped by {name} once the campaign had finished: its results are in "
               f"{campaign.out}", file=sys.stderr)
